@@ -1,0 +1,43 @@
+# ML Framework Internals Workbook. `make help` lists the targets.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+# The environment is created on first use (scripts/ensure_env.sh prints its path).
+ENV = env_dir=$$(scripts/ensure_env.sh) && PY="$$env_dir/bin/python"
+# Extra pytest arguments, e.g. make test PYTEST_ARGS="-k lesson00 -x"
+PYTEST_ARGS ?=
+# Notebooks for `make course` (default: every lesson in notebooks/), e.g. make course NOTEBOOKS=notebooks/00_environment.ipynb
+NOTEBOOKS ?=
+
+.PHONY: help env course test lab labs report lint doctor clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' Makefile | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+
+env:  ## create (or reuse) the Python environment and print where it is
+	@$(ENV) && echo "environment: $$env_dir" && $$PY -m utils.env --short
+
+course:  ## run every lesson headless in full mode; executed notebooks and build/report.md under build/
+	@$(ENV) && $$PY -m utils.run --full $(NOTEBOOKS)
+
+test:  ## the whole test suite in smoke mode (installs the environment if missing)
+	@$(ENV) && WORKBOOK_SMOKE=1 $$PY -m pytest $(PYTEST_ARGS)
+
+lab:  ## open JupyterLab on the course
+	@$(ENV) && $$PY -m jupyter lab --ServerApp.ip=127.0.0.1 notebooks
+
+labs:  ## regenerate labs/ from solutions/
+	@$(ENV) && $$PY -m utils.labs generate
+
+report:  ## re-render build/report.md from build/results/
+	@$(ENV) && $$PY -m utils.report
+
+lint:  ## ruff over utils, tests and notebooks
+	@$(ENV) && $$PY -m ruff check utils tests notebooks solutions
+
+doctor:  ## check this machine: what will and will not run
+	@$(ENV) && $$PY -m utils.env
+
+clean:  ## remove build outputs (the cached environment stays)
+	rm -rf build .pytest_cache .ruff_cache

@@ -1,0 +1,354 @@
+"""What is on this machine, what the course can run here, and the one guard for optional cells (lesson 00).
+
+Every GPU-only or optional cell in the course is written as::
+
+    if env.requires("cuda", section="01.pinned-memory"):
+        ...  # the GPU path
+
+``requires`` returns True when the capability is present. Otherwise it prints one line saying what is missing and
+why, records the skip in the notebook's results (so tests can check that only GPU-only sections were skipped) and
+returns False: never a traceback.
+
+``python -m utils.env`` (``make doctor``) prints the inventory and the capability table.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import importlib.util
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "repo_root",
+    "build_dir",
+    "smoke_default",
+    "Capability",
+    "capabilities",
+    "has",
+    "requires",
+    "choose_device",
+    "inventory",
+    "cpu_flags",
+    "tritonserver_path",
+    "nvcc_path",
+    "OPTIONAL_SECTIONS",
+]
+
+# Every section of the course that may be skipped: id -> (capability it needs, what it does). env.requires() takes
+# these ids; lesson 00 prints this table for the learner's machine; tests fail when a notebook skips anything else.
+OPTIONAL_SECTIONS: dict[str, tuple[str, str]] = {
+    "00.gpu-probe": ("cuda", "GPU copy bandwidth and matmul roofline probe"),
+    "00.triton-smoke": ("tritonserver", "start and stop the bundled Triton server"),
+    "01.pinned-memory": ("cuda", "pinned host memory and non_blocking copies"),
+    "01.gpu-speedup": ("cuda", "GPU vs CPU inference speed"),
+    "01.gpu-oom": ("cuda", "a controlled CUDA out-of-memory and its fix"),
+    "01.tf-memory-growth": ("cuda", "TensorFlow GPU memory growth"),
+    "02.cuda-graphs": ("cuda", "CUDA graph capture and replay"),
+    "03.gpu-amp": ("cuda", "fp16 autocast with GradScaler"),
+    "03.cudnn-benchmark": ("cuda", "cudnn.benchmark autotuning"),
+    "03.gpu-utilization": ("cuda", "GPU utilization during training"),
+    "03.nsight": ("cuda", "Nsight Systems / Compute command lines with NVTX ranges"),
+    "04.ort-cuda": ("cuda", "ONNX Runtime CUDA execution provider and IO binding"),
+    "04.tensorrt": ("tensorrt", "TensorRT engine build, fusion inspection, parity and latency"),
+    "05.triton": ("tritonserver", "the Triton ensemble, load tests and hardening"),
+    "05.gpu-instances": ("cuda", "Triton KIND_GPU instances and a GPU encoder"),
+    "06.cpu-kernel": ("cxx", "build the C++ softmax extension"),
+    "06.cuda-kernel": ("cuda+nvcc", "build and run the CUDA softmax kernel"),
+    "06.cuda-compile-check": ("nvcc", "compile-check the .cu source with nvcc"),
+    "06.gpu-sweep": ("cuda+nvcc", "softmax bandwidth sweep on the GPU"),
+}
+
+
+def repo_root() -> Path:
+    """The workbook checkout (the folder holding utils/)."""
+    return Path(__file__).resolve().parents[1]
+
+
+def build_dir() -> Path:
+    """Where executed notebooks, results and reports go: $WORKBOOK_BUILD_DIR or <repo>/build."""
+    path = Path(os.environ.get("WORKBOOK_BUILD_DIR") or repo_root() / "build")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def smoke_default() -> bool:
+    """SMOKE for a notebook's parameters cell: True when WORKBOOK_SMOKE=1 (tests), False for a learner or `make course`."""
+    value = os.environ.get("WORKBOOK_SMOKE", "0").strip().lower()
+    if value not in {"0", "1", "true", "false", "yes", "no", ""}:
+        raise ValueError(f"WORKBOOK_SMOKE must be 0 or 1, got {value!r}")
+    return value in {"1", "true", "yes"}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# capabilities
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Capability:
+    """One optional component: whether it is here, and a one-line reason either way."""
+
+    name: str
+    available: bool
+    reason: str
+
+
+def _glibc_version() -> tuple[int, int]:
+    try:
+        text = os.confstr("CS_GNU_LIBC_VERSION") or ""  # e.g. "glibc 2.36"
+        major, minor = text.split()[1].split(".")[:2]
+        return int(major), int(minor)
+    except (ValueError, IndexError, OSError):
+        return (0, 0)
+
+
+def tritonserver_path() -> Path | None:
+    """The tritonserver binary bundled in the nvidia-pytriton wheel, or on PATH; None when absent."""
+    spec = importlib.util.find_spec("pytriton")
+    if spec is not None and spec.submodule_search_locations:
+        candidate = Path(next(iter(spec.submodule_search_locations))) / "tritonserver" / "bin" / "tritonserver"
+        if candidate.is_file():
+            return candidate
+    found = shutil.which("tritonserver")
+    return Path(found) if found else None
+
+
+def nvcc_path() -> Path | None:
+    """nvcc from $CUDA_HOME/bin, PATH or /usr/local/cuda/bin; None when absent."""
+    candidates = []
+    if os.environ.get("CUDA_HOME"):
+        candidates.append(Path(os.environ["CUDA_HOME"]) / "bin" / "nvcc")
+    if shutil.which("nvcc"):
+        candidates.append(Path(shutil.which("nvcc")))
+    candidates.append(Path("/usr/local/cuda/bin/nvcc"))
+    return next((c for c in candidates if c.is_file()), None)
+
+
+def _cuda() -> Capability:
+    try:
+        import torch
+    except Exception as exc:  # torch broken: a reason, not a crash
+        return Capability("cuda", False, f"torch failed to import ({type(exc).__name__}: {exc})")
+    if not torch.cuda.is_available():
+        build = torch.version.cuda or "none"
+        return Capability("cuda", False, f"no CUDA GPU visible (torch {torch.__version__}, CUDA build {build})")
+    name = torch.cuda.get_device_name(0)
+    return Capability("cuda", True, f"{name} (CUDA {torch.version.cuda}, {torch.cuda.device_count()} device(s))")
+
+
+def _tensorrt(cuda: Capability) -> Capability:
+    if importlib.util.find_spec("tensorrt") is None:
+        return Capability(
+            "tensorrt", False, "TensorRT is not installed (GPU extra from NVIDIA's package index: see README)"
+        )
+    if not cuda.available:
+        return Capability("tensorrt", False, "TensorRT is installed but needs an NVIDIA GPU: " + cuda.reason)
+    return Capability("tensorrt", True, f"tensorrt {importlib.metadata.version('tensorrt')}")
+
+
+def _tritonserver() -> Capability:
+    path = tritonserver_path()
+    if path is None:
+        return Capability("tritonserver", False, "no tritonserver binary (pip package nvidia-pytriton not installed)")
+    glibc = _glibc_version()
+    if glibc < (2, 35):
+        return Capability("tritonserver", False, f"the bundled tritonserver needs glibc >= 2.35, this is {glibc}")
+    return Capability("tritonserver", True, str(path))
+
+
+def _nvcc() -> Capability:
+    path = nvcc_path()
+    if path is None:
+        return Capability("nvcc", False, "nvcc (CUDA toolkit) not found on PATH, $CUDA_HOME or /usr/local/cuda")
+    try:
+        out = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=30).stdout
+        release = next((line.strip() for line in out.splitlines() if "release" in line), "unknown release")
+    except (OSError, subprocess.SubprocessError) as exc:
+        return Capability("nvcc", False, f"{path} does not run ({exc})")
+    return Capability("nvcc", True, f"{path} ({release})")
+
+
+def _cxx() -> Capability:
+    compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    if not compiler:
+        return Capability("cxx", False, "no C++ compiler (install g++: needed by torch.compile and lesson 06)")
+    return Capability("cxx", True, compiler)
+
+
+def _module(name: str, pip_name: str) -> Capability:
+    if importlib.util.find_spec(name) is None:
+        return Capability(name, False, f"python package {pip_name} is not installed")
+    return Capability(name, True, f"{pip_name} {importlib.metadata.version(pip_name)}")
+
+
+@functools.cache
+def capabilities() -> dict[str, Capability]:
+    """Every optional component the course knows about, probed once per process."""
+    cuda = _cuda()
+    caps = {
+        "cuda": cuda,
+        "tensorrt": _tensorrt(cuda),
+        "tritonserver": _tritonserver(),
+        "nvcc": _nvcc(),
+        "cxx": _cxx(),
+        "tensorflow": _module("tensorflow", "tensorflow"),
+        "onnxruntime": _module("onnxruntime", "onnxruntime-gpu"),
+    }
+    caps["cuda+nvcc"] = Capability(
+        "cuda+nvcc", cuda.available and caps["nvcc"].available, f"{cuda.reason}; {caps['nvcc'].reason}"
+    )
+    return caps
+
+
+def has(name: str) -> bool:
+    """True when the named capability (see capabilities()) is present."""
+    caps = capabilities()
+    if name not in caps:
+        raise KeyError(f"unknown capability {name!r}; expected one of {sorted(caps)}")
+    return caps[name].available
+
+
+def requires(name: str, section: str) -> bool:
+    """The guard for optional cells (lesson 00). True when `name` is available; else a one-line reason and False.
+
+    `section` is an id from OPTIONAL_SECTIONS (e.g. "04.tensorrt") listed with the capability it needs; tests check
+    that a notebook skipped nothing else.
+    """
+    if not section or not isinstance(section, str):
+        raise ValueError(f"requires() needs a section name such as '04.tensorrt', got {section!r}")
+    if section not in OPTIONAL_SECTIONS:
+        raise ValueError(f"section {section!r} is not in utils.env.OPTIONAL_SECTIONS; add it there with its capability")
+    if OPTIONAL_SECTIONS[section][0] != name:
+        raise ValueError(f"section {section!r} is listed as needing {OPTIONAL_SECTIONS[section][0]!r}, not {name!r}")
+    caps = capabilities()
+    if name not in caps:
+        raise KeyError(f"unknown capability {name!r}; expected one of {sorted(caps)}")
+    cap = caps[name]
+    if cap.available:
+        return True
+    print(f"SKIPPED [{section}] needs {name}: {cap.reason}. On a machine with {name} this cell runs its full path.")
+    from utils import report  # local import: report imports env
+
+    report.record_skip(section, f"needs {name}: {cap.reason}")
+    return False
+
+
+def choose_device(preference: str = "auto"):
+    """The torch.device for a lesson (lesson 01): 'auto' picks CUDA when present, else CPU.
+
+    Asking for 'cuda' on a machine without a GPU is an error that says so, rather than a late device mismatch.
+    """
+    import torch
+
+    preference = (preference or "auto").lower()
+    if preference == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if preference.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"DEVICE={preference!r} was asked for but {capabilities()['cuda'].reason}; use 'cpu' or 'auto'")
+    if not (preference == "cpu" or preference.startswith("cuda")):
+        raise ValueError(f"DEVICE must be 'auto', 'cpu' or 'cuda[:N]', got {preference!r}")
+    return torch.device(preference)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# inventory
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU feature flags from /proc/cpuinfo (empty where there is none, e.g. macOS)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _memory_gib() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                return round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return None
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+PACKAGES = (
+    "torch", "torchvision", "tensorflow", "onnx", "onnxruntime-gpu", "onnxscript", "tf2onnx", "transformers",
+    "nvidia-pytriton", "tritonclient", "onnxruntime-extensions", "numpy", "scikit-learn",
+)
+
+
+def inventory() -> dict:
+    """A JSON-able description of this machine and the course's software (lesson 00; stored with every result)."""
+    flags = cpu_flags()
+    inv = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "memory_gib": _memory_gib(),
+        "cpu_features": {f: f in flags for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")},
+        "packages": {p: _version(p) for p in PACKAGES},
+        "capabilities": {k: {"available": c.available, "reason": c.reason} for k, c in capabilities().items()},
+    }
+    try:
+        import torch
+
+        inv["torch_threads"] = torch.get_num_threads()
+        inv["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except Exception as exc:  # a broken torch is reported, not fatal, in the inventory
+        inv["torch_error"] = f"{type(exc).__name__}: {exc}"
+    return inv
+
+
+def _print_doctor(short: bool) -> int:
+    inv = inventory()
+    print(f"python {inv['python']} on {inv['platform']}")
+    print(f"cpu    {inv['cpu']} ({inv['cpu_count']} logical cores, {inv['memory_gib']} GiB)")
+    feats = ", ".join(k for k, v in inv["cpu_features"].items() if v) or "none detected"
+    print(f"       features: {feats}")
+    if not short:
+        for name, version in inv["packages"].items():
+            print(f"  {name:24s} {version or 'NOT INSTALLED'}")
+    print("capabilities:")
+    for name, cap in capabilities().items():
+        mark = "yes" if cap.available else "no "
+        print(f"  [{mark}] {name:13s} {cap.reason}")
+    missing = [p for p, v in inv["packages"].items() if v is None]
+    if missing:
+        print(f"error: missing packages {missing}: run `make env`", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_print_doctor(short="--short" in sys.argv))

@@ -1,0 +1,144 @@
+"""The headless course runner behind `make course` (README, "Running the course").
+
+    python -m utils.run [--smoke | --full] [-p NAME VALUE ...] [notebook.ipynb ...]
+
+Runs the lesson notebooks in order with papermill (default: every notebooks/NN_*.ipynb, full mode), writes the
+executed copies to build/executed/, stores each notebook's run time with its results and renders build/report.md.
+It stops at the first failure and names the notebook, the cell and the error. A parameter a notebook does not declare
+in its `parameters` cell is an error (papermill itself would only warn).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+import sys
+import time
+from pathlib import Path
+
+from utils import env
+
+__all__ = ["NotebookFailed", "declared_parameters", "run_notebook", "main"]
+
+
+class NotebookFailed(RuntimeError):
+    """A notebook stopped with an error; the message names the notebook, the cell and the error."""
+
+
+def lesson_notebooks() -> list[Path]:
+    return sorted((env.repo_root() / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+def declared_parameters(path: Path) -> list[str]:
+    """The names assigned in the notebook's cell tagged `parameters`.
+
+    Parsed with ast rather than papermill.inspect_notebook, which skips assignments whose value is an expression
+    (such as ``SMOKE = env.smoke_default()``) and would then call SMOKE unknown.
+    """
+    import nbformat
+
+    nb = nbformat.read(str(path), as_version=4)
+    cells = [c for c in nb.cells if c.cell_type == "code" and "parameters" in c.metadata.get("tags", [])]
+    if len(cells) != 1:
+        raise NotebookFailed(f"{path}: expected exactly one cell tagged 'parameters', found {len(cells)}")
+    names = []
+    for node in ast.parse(cells[0].source).body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        names += [t.id for t in targets if isinstance(t, ast.Name)]
+    if "SMOKE" not in names:
+        raise NotebookFailed(f"{path}: the parameters cell must declare SMOKE (found {names})")
+    return names
+
+
+def _parse_value(text: str):
+    """-p values: Python literals (1, 0.5, True, 'x') where they parse, else the plain string."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def run_notebook(path: Path, out_dir: Path, smoke: bool, parameters: dict | None = None, timeout: int = 1800) -> float:
+    """Execute one notebook with papermill; return its wall time in seconds. Raises NotebookFailed on any error."""
+    import logging
+
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    # papermill warns about parameters it cannot parse as literals (SMOKE = env.smoke_default()); we check them above
+    logging.getLogger("papermill").setLevel(logging.ERROR)
+    path = Path(path).resolve()
+    if not path.is_file():
+        raise NotebookFailed(f"{path}: no such notebook")
+    declared = declared_parameters(path)
+    parameters = {"SMOKE": smoke, **(parameters or {})}
+    unknown = sorted(set(parameters) - set(declared))
+    if unknown:
+        raise NotebookFailed(
+            f"{path.name}: unknown parameter(s) {unknown}; this notebook declares {sorted(declared)}"
+        )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    output = out_dir / path.name
+    os.environ["WORKBOOK_SMOKE"] = "1" if smoke else "0"
+    t0 = time.perf_counter()
+    try:
+        papermill.execute_notebook(
+            str(path),
+            str(output),
+            parameters=parameters,
+            cwd=str(path.parent),
+            kernel_name="python3",
+            progress_bar=False,
+            execution_timeout=timeout,
+        )
+    except PapermillExecutionError as exc:
+        raise NotebookFailed(
+            f"{path.name} failed in cell {exc.cell_index} (execution count {exc.exec_count}): "
+            f"{exc.ename}: {exc.evalue}\n  executed copy with the traceback: {output}"
+        ) from None
+    return time.perf_counter() - t0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m utils.run", description=__doc__.split("\n\n")[0])
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--smoke", action="store_true", help="small sizes (what the tests run)")
+    mode.add_argument("--full", action="store_true", help="full sizes (default)")
+    parser.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "VALUE"), default=[])
+    parser.add_argument("--out", type=Path, default=None, help="folder for executed notebooks (build/executed)")
+    parser.add_argument("--no-report", action="store_true", help="do not render build/report.md at the end")
+    parser.add_argument("notebooks", nargs="*", type=Path)
+    args = parser.parse_args(argv)
+
+    from tqdm.auto import tqdm
+
+    from utils import report
+
+    smoke = bool(args.smoke)
+    notebooks = args.notebooks or lesson_notebooks()
+    params = {name: _parse_value(value) for name, value in args.parameter}
+    out_dir = args.out or env.build_dir() / "executed"
+    mode_name = "smoke" if smoke else "full"
+    print(f"running {len(notebooks)} notebook(s) in {mode_name} mode -> {out_dir}")
+    total = 0.0
+    bar = tqdm(notebooks, unit="notebook")
+    for nb in bar:
+        bar.set_description(Path(nb).stem)
+        try:
+            seconds = run_notebook(nb, out_dir, smoke=smoke, parameters=params)
+        except NotebookFailed as exc:
+            bar.close()
+            print(f"\nFAILED: {exc}", file=sys.stderr)
+            return 1
+        total += seconds
+        report.set_runtime(Path(nb).stem, seconds, mode_name)
+        tqdm.write(f"  {Path(nb).name}: {seconds:.0f} s")
+    print(f"all {len(notebooks)} notebook(s) ran in {total:.0f} s")
+    if not args.no_report:
+        print(f"report: {report.render()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,221 @@
+"""The real Triton Inference Server bundled in the nvidia-pytriton wheel, as a context manager (lessons 00 and 05).
+
+    with triton.TritonServer(model_repository) as server:
+        print(server.http_url, server.grpc_url)
+
+The server binds to 127.0.0.1 on free ports with model control mode "none", is started in its own process group
+(its Python-backend stubs are killed with it) and dies with the notebook kernel (PR_SET_PDEATHSIG), so no orphan is
+left behind even when a cell fails or the kernel is interrupted. If it does not become ready in time, the error
+carries the tail of the server log, where Triton says which model failed to load and why.
+
+The wheel's tritonserver has only the Python backend. ``backend_dir()`` assembles the backend folder Triton expects
+(libtriton_python.so, triton_python_backend_utils.py and the stub built for the running Python version).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from utils import env
+
+__all__ = ["TritonServerError", "TritonServer", "backend_dir", "free_port", "server_env"]
+
+
+class TritonServerError(RuntimeError):
+    """The server did not start, or stopped; the message ends with the tail of its log."""
+
+
+def _pytriton_root() -> Path:
+    binary = env.tritonserver_path()
+    if binary is None or not env.has("tritonserver"):
+        raise TritonServerError(f"no usable tritonserver: {env.capabilities()['tritonserver'].reason}")
+    return binary.parents[1]  # .../pytriton/tritonserver
+
+
+def backend_dir() -> Path:
+    """build/triton/backends with python/ holding the backend library, its utils module and this Python's stub."""
+    root = _pytriton_root()
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = root / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.is_file():
+        raise TritonServerError(f"the pytriton wheel has no Python backend stub for Python {version} ({stub})")
+    dest = env.build_dir() / "triton" / "backends" / "python"
+    dest.mkdir(parents=True, exist_ok=True)
+    sources = [
+        root / "backends" / "python" / "libtriton_python.so",
+        root / "backends" / "python" / "triton_python_backend_utils.py",
+        stub,
+    ]
+    for src in sources:
+        link = dest / src.name
+        if link.is_symlink() or link.exists():
+            if link.resolve() == src.resolve():
+                continue
+            link.unlink()
+        link.symlink_to(src)
+    return dest.parent
+
+
+def server_env() -> dict:
+    """The process environment for tritonserver: the wheel's bundled libraries first on LD_LIBRARY_PATH."""
+    libs = _pytriton_root().parents[1] / "nvidia_pytriton.libs"
+    environ = dict(os.environ)
+    environ["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(libs), environ.get("LD_LIBRARY_PATH", "")) if p)
+    return environ
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class TritonServer:
+    """A tritonserver process on 127.0.0.1 (lesson 05). Use as a context manager, or call start()/stop()."""
+
+    def __init__(
+        self,
+        model_repository: str | os.PathLike,
+        *,
+        startup_timeout: float = 180.0,
+        log_verbose: int = 0,
+        extra_args: list[str] | None = None,
+        name: str = "tritonserver",
+    ):
+        self.model_repository = Path(model_repository).resolve()
+        if not self.model_repository.is_dir():
+            raise FileNotFoundError(f"model repository {self.model_repository} is not a folder")
+        self.startup_timeout = startup_timeout
+        self.log_verbose = log_verbose
+        self.extra_args = list(extra_args or [])
+        self.log_path = env.build_dir() / "triton" / f"{name}.log"
+        self.http_port = self.grpc_port = self.metrics_port = None
+        self.process: subprocess.Popen | None = None
+
+    # -- addresses -------------------------------------------------------------------------------------------------
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    # -- lifecycle -------------------------------------------------------------------------------------------------
+    def command(self) -> list[str]:
+        binary = _pytriton_root() / "bin" / "tritonserver"
+        return [
+            str(binary),
+            f"--model-repository={self.model_repository}",
+            "--model-control-mode=none",
+            f"--backend-directory={backend_dir()}",
+            "--http-address=127.0.0.1",
+            f"--http-port={self.http_port}",
+            "--grpc-address=127.0.0.1",
+            f"--grpc-port={self.grpc_port}",
+            "--metrics-address=127.0.0.1",
+            f"--metrics-port={self.metrics_port}",
+            "--allow-metrics=true",
+            f"--log-verbose={self.log_verbose}",
+            "--exit-timeout-secs=10",
+            *self.extra_args,
+        ]
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def is_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as resp:
+                return resp.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def start(self) -> TritonServer:
+        if self.process is not None:
+            raise TritonServerError("this server is already started")
+        self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "w")  # noqa: SIM115 - the child owns it; closed after Popen
+        try:
+            self.process = subprocess.Popen(
+                self.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=server_env(),
+                start_new_session=True,  # own process group: stop() kills the backend stubs too
+                preexec_fn=_die_with_parent,
+            )
+        finally:
+            log.close()
+        atexit.register(self.stop)
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                code = self.process.returncode
+                self.process = None
+                raise TritonServerError(f"tritonserver exited with code {code} while starting; log tail:\n{self.log_tail()}")
+            if self.is_ready():
+                return self
+            time.sleep(0.25)
+        self.stop()
+        raise TritonServerError(f"tritonserver not ready after {self.startup_timeout:.0f} s; log tail:\n{self.log_tail()}")
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """Stop the server and everything in its process group; safe to call twice."""
+        proc, self.process = self.process, None
+        if proc is None:
+            return
+        atexit.unregister(self.stop)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        # the stubs share the group; make sure none outlived the server
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    def __enter__(self) -> TritonServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = f"pid {self.pid}, http {self.http_url}, grpc {self.grpc_url}" if self.process else "stopped"
+        return f"TritonServer({self.model_repository.name}: {state})"
