@@ -72,8 +72,10 @@ def repo_root() -> Path:
 
 
 def build_dir() -> Path:
-    """Where executed notebooks, results and reports go: $WORKBOOK_BUILD_DIR or <repo>/build."""
-    path = Path(os.environ.get("WORKBOOK_BUILD_DIR") or repo_root() / "build")
+    """Where executed notebooks, results and reports go: $WORKBOOK_BUILD_DIR (relative to the checkout) or <repo>/build."""
+    path = Path(os.environ.get("WORKBOOK_BUILD_DIR") or "build")
+    if not path.is_absolute():  # relative to the checkout, not to the notebook's folder
+        path = repo_root() / path
     path.mkdir(parents=True, exist_ok=True)
     return path
 

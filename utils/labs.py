@@ -82,11 +82,11 @@ def _blank_solutions(source: str, where: str) -> str:
 def make_lab(solution_path: Path):
     """The lab notebook (an nbformat node) for one solution notebook."""
     nb = nbformat.read(str(solution_path), as_version=4)
-    if not any(c.cell_type == "code" and BEGIN in c.source for c in nb.cells):
-        raise ValueError(f"{solution_path}: no '{BEGIN}' block, so the lab would have nothing to do")
     for i, cell in enumerate(nb.cells):
-        if cell.cell_type == "code" and BEGIN in cell.source:
+        if cell.cell_type == "code" and (BEGIN in cell.source or END in cell.source):
             cell.source = _blank_solutions(cell.source, f"{solution_path.name} cell {i}")
+    if not any(c.cell_type == "code" and BEGIN in c.source for c in nbformat.read(str(solution_path), as_version=4).cells):
+        raise ValueError(f"{solution_path}: no '{BEGIN}' block, so the lab would have nothing to do")
     banner = nbformat.v4.new_markdown_cell(_BANNER.format(name=solution_path.name))
     banner.metadata["tags"] = ["generated-banner"]
     nb.cells.insert(0, banner)

@@ -40,7 +40,12 @@ def unstripped_cells(nb) -> list[int]:
 
 
 def strip(nb):
-    """Remove outputs, execution counts and volatile metadata in place (nbval-checked cells keep outputs)."""
+    """Remove outputs, execution counts and volatile metadata in place (nbval-checked cells keep outputs).
+
+    Cells papermill injected (tag "injected-parameters") are dropped, so an executed copy can be stripped back into
+    the committed notebook with its nbval-checked outputs.
+    """
+    nb.cells = [c for c in nb.cells if "injected-parameters" not in c.metadata.get("tags", [])]
     for cell in nb.cells:
         if cell.cell_type == "code":
             if not _keeps_output(cell):

@@ -93,11 +93,29 @@ def run_notebook(path: Path, out_dir: Path, smoke: bool, parameters: dict | None
             execution_timeout=timeout,
         )
     except PapermillExecutionError as exc:
+        index, first_line = _source_cell(output, exc.cell_index)
         raise NotebookFailed(
-            f"{path.name} failed in cell {exc.cell_index} (execution count {exc.exec_count}): "
+            f"{path.name} failed in cell {index} (counting from 0, first line: {first_line!r}): "
             f"{exc.ename}: {exc.evalue}\n  executed copy with the traceback: {output}"
         ) from None
     return time.perf_counter() - t0
+
+
+def _source_cell(executed: Path, fallback: int) -> tuple[int, str]:
+    """Index (in the source notebook) and first line of the cell that raised, read from the executed copy.
+
+    Papermill adds cells to the copy (the injected parameters, an error banner at the top); they are not counted.
+    """
+    import nbformat
+
+    nb = nbformat.read(str(executed), as_version=4)
+    added = {"injected-parameters", "papermill-error-cell-tag"}
+    cells = [c for c in nb.cells if not added & set(c.metadata.get("tags", []))]
+    for i, cell in enumerate(cells):
+        if cell.cell_type == "code" and any(o.get("output_type") == "error" for o in cell.get("outputs", [])):
+            lines = cell.source.strip().splitlines()
+            return i, (lines[0] if lines else "")
+    return fallback, ""
 
 
 def main(argv=None) -> int:

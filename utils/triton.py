@@ -67,10 +67,27 @@ def backend_dir() -> Path:
 
 
 def server_env() -> dict:
-    """The process environment for tritonserver: the wheel's bundled libraries first on LD_LIBRARY_PATH."""
+    """The process environment for tritonserver and its Python-backend stubs (lessons 00, 05).
+
+    - LD_LIBRARY_PATH: the wheel's bundled libraries, then this interpreter's libpython folder (when Python was built
+      shared), so the stub embeds the same Python as the notebook rather than whatever libpython3.X the OS has;
+    - PYTHONPATH: this interpreter's site-packages (the course environment) and the repository root, so a model.py
+      can import numpy, onnxruntime and tokenizers from the course environment. The stub is a separate program that
+      embeds Python; without this it would see only the OS Python's packages (and triton_python_backend_utils itself
+      needs numpy).
+    """
+    import site
+    import sysconfig
+
     libs = _pytriton_root().parents[1] / "nvidia_pytriton.libs"
     environ = dict(os.environ)
-    environ["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(libs), environ.get("LD_LIBRARY_PATH", "")) if p)
+    lib_dirs = [str(libs)]
+    if sysconfig.get_config_var("Py_ENABLE_SHARED") and sysconfig.get_config_var("LIBDIR"):
+        lib_dirs.append(sysconfig.get_config_var("LIBDIR"))
+    environ["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (*lib_dirs, environ.get("LD_LIBRARY_PATH", "")) if p)
+    py_dirs = [*site.getsitepackages(), str(env.repo_root())]
+    environ["PYTHONPATH"] = os.pathsep.join(p for p in (*py_dirs, environ.get("PYTHONPATH", "")) if p)
+    environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # model.py runs in a forked stub: keep tokenizers serial
     return environ
 
 

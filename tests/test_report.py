@@ -1,0 +1,64 @@
+"""utils.report: the results-file contract and the rendered report."""
+
+import json
+
+import numpy as np
+import pytest
+
+from utils import report
+
+
+@pytest.fixture
+def build(monkeypatch, tmp_path):
+    monkeypatch.setenv("WORKBOOK_BUILD_DIR", str(tmp_path))
+    return tmp_path
+
+
+def test_record_writes_the_contract(build):
+    path = report.init("98_contract")
+    assert path == build / "results" / "98_contract.json"
+    report.record("speedup", np.float32(1.5), unit="x", note="side by side", anchor="1.8x published")
+    report.record("ok", True)
+    report.record("label", "conv")
+    report.record("count", 3)
+    data = json.loads(path.read_text())
+    assert data["notebook"] == "98_contract"
+    assert data["metrics"] == {"speedup": 1.5, "ok": True, "label": "conv", "count": 3}
+    assert data["units"] == {"speedup": "x"}
+    assert data["notes"]["speedup"] == "side by side"
+    assert data["anchors"]["speedup"] == "1.8x published"
+    assert {"cpu", "torch"} <= set(data["env"])
+
+
+def test_record_rejects_bad_values(build):
+    report.init("98_bad")
+    with pytest.raises(TypeError, match="expected a number, boolean or string"):
+        report.record("arr", [1, 2])
+    with pytest.raises(ValueError, match="must be finite"):
+        report.record("nan", float("nan"))
+    with pytest.raises(ValueError, match="identifiers"):
+        report.record("has space", 1)
+
+
+def test_init_rejects_paths(build):
+    with pytest.raises(ValueError, match="notebook stem"):
+        report.init("notebooks/01_x.ipynb")
+
+
+def test_render_has_tables_runtime_and_skips(build):
+    report.init("98_render")
+    report.record("gbps", 12.5, unit="GB/s", anchor="57 GB/s probe")
+    report.record_skip("00.gpu-probe", "needs cuda: none")
+    report.set_runtime("98_render", 12.34, "smoke")
+    text = report.render().read_text()
+    assert "## 98_render" in text
+    assert "| `gbps` | 12.5 | GB/s | 57 GB/s probe |" in text
+    assert "skipped `00.gpu-probe`" in text
+    assert "| 98_render | smoke | 12.3 |" in text
+    assert "## Machine" in text
+
+
+def test_record_before_init_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(report, "_current", None)
+    with pytest.raises(RuntimeError, match=r"call report.init"):
+        report.record("x", 1)
