@@ -8,8 +8,10 @@ build/results/<notebook stem>.json atomically::
      "skipped": {section: reason}, "figures": [...], "env": {...}, "mode": "smoke" | "full", "runtime_s": ...}
 
 Values are numbers, booleans or strings (numpy and 0-d torch scalars are converted). ``python -m utils.report``
-(``make report``) renders build/report.md: one table per lesson with every metric, the published anchor it compares
-to where the lesson gave one, the machine inventory and each notebook's run time.
+(``make report``) renders build/report.md and build/report.html: the source claims checked against the
+measurements (utils.claims), each notebook's run time, one table per lesson with every metric and the published
+anchor it compares to where the lesson gave one, the plots, and the machine inventory. ``python -m utils.report agenda
+[--update docs/INSTRUCTOR.md]`` (``make agenda``) turns the measured run times into a one-day workshop agenda.
 """
 
 from __future__ import annotations
@@ -25,7 +27,10 @@ from typing import Any
 
 from utils import env
 
-__all__ = ["init", "record", "record_skip", "save_figure", "results_dir", "load_all", "render", "current"]
+__all__ = [
+    "init", "record", "record_skip", "save_figure", "results_dir", "load_all", "render", "render_html", "agenda",
+    "current",
+]
 
 _current: dict[str, Any] | None = None
 
@@ -195,13 +200,133 @@ def _fmt(value: Any) -> str:
     return str(value).replace("|", "\\|")
 
 
+_HOW_TO_READ = (
+    "Every number below was measured on the machine described at the end, by the lesson notebooks, side by side in "
+    "one run. **Claims checked** compares the figures people repeat with what this machine measured: *holds* means "
+    "the measurement falls inside the claimed range, *beyond the claimed range* means better than claimed, *does not "
+    "hold* means below it, *not measurable here* names the missing hardware, and *not run* means the lesson has no "
+    "results yet. Each lesson's table then lists everything it recorded, with the published figure it compares to "
+    "(*published anchor*) where there is one. Numbers from a *smoke* run use shrunken sizes: run `make course` for "
+    "real ones."
+)
+
+# One-day workshop plan: minutes of explanation and of lab work per lesson are planning estimates; the minutes spent
+# running the notebook come from the measured run times (runtime_s) in build/results.
+WORKSHOP_PLAN: dict[str, tuple[int, int]] = {
+    "00_environment": (15, 15),
+    "01_inference_modes": (25, 25),
+    "02_graphs": (25, 25),
+    "03_profiling_amp": (20, 25),
+    "04_onnx_tensorrt": (25, 25),
+    "05_triton_ensemble": (20, 20),
+    "06_fused_softmax": (20, 25),
+    "07_interview_prep": (10, 20),
+}
+_BREAKS = ((10 * 60 + 30, "coffee break", 15), (12 * 60 + 30, "lunch", 60), (15 * 60 + 15, "break", 15))
+
+
+def lesson_title(stem: str) -> str:
+    """The title of a lesson notebook (its first heading without the 'Lesson NN' prefix), or '' if there is none."""
+    path = env.repo_root() / "notebooks" / f"{stem}.ipynb"
+    try:
+        cells = json.loads(path.read_text()).get("cells", [])
+    except (OSError, json.JSONDecodeError):
+        return ""
+    for cell in cells:
+        if cell.get("cell_type") == "markdown":
+            src = "".join(cell.get("source", []))
+            for line in src.splitlines():
+                if line.startswith("# "):
+                    title = line[2:].strip()
+                    for sep in (" — ", " - ", ": "):
+                        if title.lower().startswith("lesson") and sep in title:
+                            return title.split(sep, 1)[1].strip()
+                    return title
+    return ""
+
+
+def _clock(minutes: int) -> str:
+    return f"{minutes // 60:02d}:{minutes % 60:02d}"
+
+
+def agenda(results: dict[str, dict] | None = None, start: str = "09:00") -> str:
+    """A one-day workshop agenda in Markdown, its run-time column taken from the measured runs (instructor guide).
+
+    Each lesson's slot is explanation + running the notebook + lab. Explanation and lab minutes are the planning
+    estimates in WORKSHOP_PLAN; the run minutes are the notebook's measured runtime_s (rounded up), with the mode it
+    was measured in. A lesson without a measured run is marked and counted as 0 minutes of running.
+    """
+    results = load_all() if results is None else results
+    try:
+        hours, minutes = (int(x) for x in start.split(":"))
+    except ValueError:
+        raise ValueError(f"start must look like '09:00', got {start!r}") from None
+    now = hours * 60 + minutes
+    breaks = list(_BREAKS)
+    lines = [
+        "| time | session | explain (min, plan) | run the notebook (min, measured) | lab (min, plan) |",
+        "|---|---|---|---|---|",
+    ]
+    unmeasured, modes = [], set()
+    for stem, (talk, lab) in WORKSHOP_PLAN.items():
+        while breaks and now >= breaks[0][0]:
+            _, name, length = breaks.pop(0)
+            lines.append(f"| {_clock(now)} | *{name}* | | | |")
+            now += length
+        data = results.get(stem, {})
+        runtime = data.get("runtime_s")
+        if isinstance(runtime, int | float):
+            run_min = max(1, math.ceil(runtime / 60))
+            modes.add(data.get("mode", "?"))
+            run_txt = f"{run_min} ({data.get('mode', '?')} run, {runtime:.0f} s)"
+        else:
+            run_min = 0
+            unmeasured.append(stem)
+            run_txt = "not measured yet"
+        title = lesson_title(stem)
+        lines.append(f"| {_clock(now)} | {stem}{': ' + title if title else ''} | {talk} | {run_txt} | {lab} |")
+        now += talk + run_min + lab
+    lines.append(f"| {_clock(now)} | *end* | | | |")
+    notes = []
+    if unmeasured:
+        notes.append(f"Not measured yet: {', '.join(unmeasured)} (run `make course`, then `make agenda`).")
+    if "smoke" in modes:
+        notes.append("Some run times come from smoke runs (small sizes); a full run takes longer.")
+    if now > 17 * 60 + 30:
+        notes.append(f"The day ends at {_clock(now)}: run the slowest lessons in smoke mode in class "
+                     "(`WORKBOOK_SMOKE=1`) or pre-run them with `make course` and walk through the executed copies.")
+    return "\n".join(lines + ([""] + notes if notes else []))
+
+
+def update_agenda(path: Path, results: dict[str, dict] | None = None) -> bool:
+    """Rewrite the block between '<!-- agenda:start -->' and '<!-- agenda:end -->' in `path`; True if it changed."""
+    text = Path(path).read_text()
+    begin, end = "<!-- agenda:start -->", "<!-- agenda:end -->"
+    if begin not in text or end not in text:
+        raise ValueError(f"{path} has no '{begin}' ... '{end}' block to update")
+    inv = env.inventory()
+    stamp = f"Generated by `make agenda` on {_dt.date.today().isoformat()} from build/results ({inv['cpu']}, {inv['cpu_count']} cores)."
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    new = f"{head}{begin}\n{stamp}\n\n{agenda(results)}\n{end}{tail}"
+    if new != text:
+        Path(path).write_text(new)
+        return True
+    return False
+
+
 def render(directory: Path | None = None, out: Path | None = None) -> Path:
     """Write build/report.md from the results files. Returns its path."""
+    from utils import claims
+
     results = load_all(directory)
     out = out or env.build_dir() / "report.md"
+    inv = env.inventory()
     lines = ["# ML Framework Internals Workbook: course report", ""]
-    lines.append(f"Generated {_dt.datetime.now().isoformat(timespec='seconds')} from {len(results)} notebook(s).")
-    lines.append("")
+    lines.append(f"Generated {_dt.datetime.now().isoformat(timespec='seconds')} from {len(results)} notebook(s) on "
+                 f"{inv['cpu']} ({inv['cpu_count']} cores, GPU: {inv.get('gpu') or 'none'}).")
+    lines += ["", _HOW_TO_READ, ""]
+    lines += ["## Claims checked on this machine", "", claims.markdown(results), ""]
     if not results:
         lines.append("No results yet: run `make course`.")
     else:
@@ -212,9 +337,10 @@ def render(directory: Path | None = None, out: Path | None = None) -> Path:
                 f"| {stem} | {data.get('mode', '?')} | {runtime if runtime is not None else 'n/a'} | "
                 f"{len(data.get('metrics', {}))} | {len(data.get('skipped', {}))} |"
             )
-        lines.append("")
+        lines += ["", "A one-day workshop agenda built from these run times: `make agenda` (docs/INSTRUCTOR.md).", ""]
         for stem, data in results.items():
-            lines += [f"## {stem}", ""]
+            title = lesson_title(stem)
+            lines += [f"## {stem}" + (f": {title}" if title else ""), ""]
             metrics = data.get("metrics", {})
             if metrics:
                 lines += ["| metric | value | unit | published anchor | note |", "|---|---|---|---|---|"]
@@ -227,9 +353,8 @@ def render(directory: Path | None = None, out: Path | None = None) -> Path:
             for section, reason in data.get("skipped", {}).items():
                 lines.append(f"- skipped `{section}`: {reason}")
             for fig in data.get("figures", []):
-                lines.append(f"![{Path(fig).stem}]({fig})")
+                lines += ["", f"![{Path(fig).stem}]({fig})"]
             lines.append("")
-    inv = env.inventory()
     lines += ["## Machine", "", "| item | value |", "|---|---|"]
     for key in ("cpu", "cpu_count", "memory_gib", "torch_threads", "gpu", "python", "platform"):
         lines.append(f"| {key} | {_fmt(inv.get(key))} |")
@@ -244,7 +369,79 @@ def render(directory: Path | None = None, out: Path | None = None) -> Path:
     return out
 
 
-if __name__ == "__main__":
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;
+line-height:1.45;color:#222}
+table{border-collapse:collapse;margin:1em 0;font-size:.92em}th,td{border:1px solid #ccc;padding:.3em .6em;
+vertical-align:top;text-align:left}th{background:#f3f3f3}code{background:#f6f6f6;padding:0 .2em}
+img{max-width:100%;border:1px solid #eee}.v-holds{color:#1a7f37}.v-beyond{color:#1f6feb}.v-fails{color:#c62828}
+.v-na,.v-notrun{color:#777}nav a{margin-right:1em}
+"""
+
+_VERDICT_CLASS = {
+    "holds": "v-holds", "holds (beyond the claimed range)": "v-beyond", "does not hold": "v-fails",
+    "not measurable here": "v-na", "not run": "v-notrun",
+}
+
+
+def markdown_to_html(text: str, base: Path, title: str, nav: str = "") -> str:
+    """A self-contained HTML page from the report's Markdown: local images embedded, no external resources."""
+    import base64
+    import html as _html
+    import re
+
+    import mistune
+
+    body = mistune.create_markdown(plugins=["table"], escape=True)(text)
+    for verdict, css in _VERDICT_CLASS.items():
+        body = body.replace(f"<strong>{verdict}</strong>", f'<strong class="{css}">{verdict}</strong>')
+
+    def embed(match):
+        src = match.group(2)
+        path = (base / src).resolve()
+        if src.startswith(("data:", "http:", "https:")) or not path.is_file():
+            return match.group(0)
+        mime = "image/png" if path.suffix.lower() == ".png" else "image/svg+xml" if path.suffix == ".svg" else "image/jpeg"
+        data = base64.b64encode(path.read_bytes()).decode()
+        return f'{match.group(1)}data:{mime};base64,{data}{match.group(3)}'
+
+    body = re.sub(r'(<img src=")([^"]+)(")', embed, body)
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{_html.escape(title)}</title>'
+            f"<style>{_CSS}</style></head><body>{nav}{body}</body></html>\n")
+
+
+def render_html(md_path: Path | None = None, out: Path | None = None) -> Path:
+    """Write build/report.html from build/report.md (rendered first if missing): tables, verdicts, plots embedded."""
+    md_path = Path(md_path) if md_path is not None else env.build_dir() / "report.md"
+    if not md_path.is_file():
+        md_path = render(out=md_path)
+    out = Path(out) if out is not None else md_path.with_suffix(".html")
+    out.write_text(markdown_to_html(md_path.read_text(), md_path.parent, "Course report"))
+    return out
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m utils.report", description="Render the course report.")
+    sub = parser.add_subparsers(dest="cmd")
+    ag = sub.add_parser("agenda", help="print the workshop agenda from the measured run times")
+    ag.add_argument("--update", type=Path, default=None, help="rewrite the agenda block of this file (docs/INSTRUCTOR.md)")
+    ag.add_argument("--start", default="09:00")
+    args = parser.parse_args(argv)
+    if args.cmd == "agenda":
+        if args.update:
+            changed = update_agenda(args.update)
+            print(f"{args.update}: agenda {'updated' if changed else 'unchanged'}")
+        text = agenda(start=args.start)
+        print(text)
+        (env.build_dir() / "agenda.md").write_text("# Workshop agenda (from measured run times)\n\n" + text + "\n")
+        return 0
     path = render()
     print(f"wrote {path}")
-    sys.exit(0)
+    print(f"wrote {render_html(path)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -28,7 +28,18 @@ from pathlib import Path
 
 from utils import env
 
-__all__ = ["TritonServerError", "TritonServer", "backend_dir", "free_port", "server_env"]
+__all__ = [
+    "TritonServerError",
+    "TritonServer",
+    "backend_dir",
+    "free_port",
+    "server_env",
+    "is_loopback",
+    "model_statistics",
+    "batch_histogram",
+    "scrape_metrics",
+    "per_request_ms",
+]
 
 
 class TritonServerError(RuntimeError):
@@ -71,12 +82,11 @@ def server_env() -> dict:
 
     - LD_LIBRARY_PATH: the wheel's bundled libraries, then this interpreter's libpython folder (when Python was built
       shared), so the stub embeds the same Python as the notebook rather than whatever libpython3.X the OS has;
-    - PYTHONPATH: this interpreter's site-packages (the course environment) and the repository root, so a model.py
-      can import numpy, onnxruntime and tokenizers from the course environment. The stub is a separate program that
-      embeds Python; without this it would see only the OS Python's packages (and triton_python_backend_utils itself
-      needs numpy).
+    - PATH: this interpreter's bin/ folder first. The stub is a separate program that embeds Python in isolated mode
+      (it ignores PYTHONPATH) and derives sys.prefix from the first `python3` on PATH; finding the course
+      environment's python3 next to its pyvenv.cfg, it adds the environment's site-packages, so a model.py imports
+      numpy, onnxruntime and tokenizers from the course environment (pytriton does the same).
     """
-    import site
     import sysconfig
 
     libs = _pytriton_root().parents[1] / "nvidia_pytriton.libs"
@@ -85,8 +95,7 @@ def server_env() -> dict:
     if sysconfig.get_config_var("Py_ENABLE_SHARED") and sysconfig.get_config_var("LIBDIR"):
         lib_dirs.append(sysconfig.get_config_var("LIBDIR"))
     environ["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (*lib_dirs, environ.get("LD_LIBRARY_PATH", "")) if p)
-    py_dirs = [*site.getsitepackages(), str(env.repo_root())]
-    environ["PYTHONPATH"] = os.pathsep.join(p for p in (*py_dirs, environ.get("PYTHONPATH", "")) if p)
+    environ["PATH"] = os.pathsep.join(p for p in (str(Path(sys.executable).parent), environ.get("PATH", "")) if p)
     environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # model.py runs in a forked stub: keep tokenizers serial
     return environ
 
@@ -227,6 +236,28 @@ class TritonServer:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
 
+    # -- inspection (lesson 05) -------------------------------------------------------------------------------------
+    def processes(self) -> list:
+        """psutil.Process objects of the server and everything it started (the Python-backend stubs)."""
+        import psutil
+
+        if self.process is None:
+            return []
+        try:
+            root = psutil.Process(self.process.pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def listening_addresses(self) -> list[tuple[str, int]]:
+        """(ip, port) of every socket the server process listens on."""
+        import psutil
+
+        if self.process is None:
+            raise TritonServerError("the server is not running")
+        conns = psutil.Process(self.process.pid).net_connections(kind="inet")
+        return sorted({(c.laddr.ip, c.laddr.port) for c in conns if c.status == psutil.CONN_LISTEN})
+
     def __enter__(self) -> TritonServer:
         return self.start()
 
@@ -236,3 +267,83 @@ class TritonServer:
     def __repr__(self) -> str:
         state = f"pid {self.pid}, http {self.http_url}, grpc {self.grpc_url}" if self.process else "stopped"
         return f"TritonServer({self.model_repository.name}: {state})"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# observability (lesson 05)
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def is_loopback(ip: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and IPv4-mapped loopback (::ffff:127.0.0.1) (lesson 05)."""
+    import ipaddress
+
+    addr = ipaddress.ip_address(ip.split("%")[0])
+    mapped = getattr(addr, "ipv4_mapped", None)
+    return bool(addr.is_loopback or (mapped is not None and mapped.is_loopback))
+
+
+def model_statistics(grpc_url: str, model: str, version: str = "") -> dict:
+    """Triton's statistics extension for one model as a dict (summed over its loaded versions) (lesson 05).
+
+    Keys: inference_count, execution_count, queue_ns, compute_ns, and batches {batch size: executions}.
+    """
+    import tritonclient.grpc as grpcclient
+
+    with grpcclient.InferenceServerClient(grpc_url) as client:
+        raw = client.get_inference_statistics(model, version, as_json=True)
+    out = {"inference_count": 0, "execution_count": 0, "queue_ns": 0, "compute_ns": 0, "batches": {}}
+    for stats in raw.get("model_stats", []):
+        out["inference_count"] += int(stats.get("inference_count", 0))
+        out["execution_count"] += int(stats.get("execution_count", 0))
+        inf = stats.get("inference_stats", {})
+        out["queue_ns"] += int(inf.get("queue", {}).get("ns", 0))
+        out["compute_ns"] += sum(int(inf.get(k, {}).get("ns", 0)) for k in ("compute_input", "compute_infer", "compute_output"))
+        for b in stats.get("batch_stats", []):
+            size = int(b["batch_size"])
+            out["batches"][size] = out["batches"].get(size, 0) + int(b["compute_infer"]["count"])
+    return out
+
+
+def batch_histogram(before: dict, after: dict) -> dict[int, int]:
+    """{batch size: executions} that happened between two model_statistics() snapshots (lesson 05)."""
+    sizes = sorted(set(before["batches"]) | set(after["batches"]))
+    hist = {s: after["batches"].get(s, 0) - before["batches"].get(s, 0) for s in sizes}
+    return {s: n for s, n in hist.items() if n > 0}
+
+
+def scrape_metrics(metrics_url: str) -> dict[tuple[str, str], float]:
+    """Triton's Prometheus endpoint as {(metric name, model): value}, summed over versions and labels (lesson 05)."""
+    import re
+
+    with urllib.request.urlopen(metrics_url, timeout=10) as resp:
+        text = resp.read().decode()
+    pattern = re.compile(r'^(\w+)\{([^}]*)\}\s+([-+0-9.eE]+|NaN)$')
+    out: dict[tuple[str, str], float] = {}
+    for line in text.splitlines():
+        m = pattern.match(line.strip())
+        if not m:
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
+        key = (m.group(1), labels.get("model", ""))
+        out[key] = out.get(key, 0.0) + float(m.group(3))
+    return out
+
+
+def per_request_ms(before: dict, after: dict, model: str) -> dict[str, float]:
+    """Average queue, compute and whole-request time per request of `model` between two scrapes (lesson 05)."""
+    def delta(name):
+        return after.get((name, model), 0.0) - before.get((name, model), 0.0)
+
+    n = delta("nv_inference_request_success")
+    if n <= 0:
+        return {"requests": 0, "queue_ms": float("nan"), "compute_ms": float("nan"), "request_ms": float("nan")}
+    compute = sum(delta(f"nv_inference_compute_{k}_duration_us") for k in ("input", "infer", "output"))
+    execs = delta("nv_inference_exec_count")
+    return {
+        "requests": int(n),
+        "executions": int(execs),
+        "queue_ms": delta("nv_inference_queue_duration_us") / n / 1e3,
+        "compute_ms": compute / n / 1e3,
+        "request_ms": delta("nv_inference_request_duration_us") / n / 1e3,
+    }

@@ -46,6 +46,7 @@ __all__ = [
     "encoder_config",
     "postprocess_config",
     "pipeline_config",
+    "write_encoder",
     "build_pipeline",
     "repository_configs",
 ]
@@ -332,7 +333,8 @@ class TritonPythonModel:
             try:
                 mine = self._texts(request)
             except (ValueError, UnicodeDecodeError) as exc:
-                responses[i] = pb_utils.InferenceResponse(error=pb_utils.TritonError(f"preprocess: {exc}"))
+                error = pb_utils.TritonError(f"preprocess: {exc}", pb_utils.TritonError.INVALID_ARG)  # HTTP 400
+                responses[i] = pb_utils.InferenceResponse(error=error)
                 continue
             spans.append((i, len(texts), len(texts) + len(mine)))
             texts.extend(mine)
@@ -466,8 +468,12 @@ def postprocess_config(name: str = "postprocess", *, num_classes: int, max_batch
 
 
 def pipeline_config(name: str = "ensemble", *, num_classes: int, max_batch_size: int = 32, suffix: str = "",
-                    postprocess_version: int = -1):
-    """The ensemble: TEXT -> preprocess -> encoder -> postprocess -> LOGITS, LABEL (lesson 05)."""
+                    encoder: str | None = None, postprocess_version: int = -1):
+    """The ensemble: TEXT -> preprocess -> encoder -> postprocess -> LOGITS, LABEL (lesson 05).
+
+    Members are named preprocess<suffix>, encoder<suffix>, postprocess<suffix>; `encoder` names a different encoder
+    (e.g. a tuned variant sharing the same preprocess and postprocess). postprocess_version -1 = the latest loaded.
+    """
     ids = {"input_ids": "input_ids", "attention_mask": "attention_mask", "token_type_ids": "token_type_ids"}
     return ensemble_config(
         name, max_batch_size=max_batch_size,
@@ -475,12 +481,20 @@ def pipeline_config(name: str = "ensemble", *, num_classes: int, max_batch_size:
         outputs=[("LOGITS", "FP32", [num_classes]), ("LABEL", "STRING", [1])],
         steps=[
             {"model": f"preprocess{suffix}", "input_map": {"TEXT": "TEXT"}, "output_map": ids},
-            {"model": f"encoder{suffix}", "input_map": ids, "output_map": {"last_hidden_state": "hidden"}},
+            {"model": encoder or f"encoder{suffix}", "input_map": ids, "output_map": {"last_hidden_state": "hidden"}},
             {"model": f"postprocess{suffix}", "version": postprocess_version,
              "input_map": {"last_hidden_state": "hidden", "attention_mask": "attention_mask"},
              "output_map": {"LOGITS": "LOGITS", "LABEL": "LABEL"}},
         ],
     )
+
+
+def write_encoder(repo: str | os.PathLike, cfg, onnx_path: str | os.PathLike) -> Path:
+    """Write an encoder model folder (config + model.py + a link to the ONNX file) for an encoder_config() (lesson 05)."""
+    files = {"model.onnx": Path(onnx_path)}
+    if cfg.backend == "python":
+        files["model.py"] = ENCODER_PY
+    return write_model(repo, cfg, {1: files})
 
 
 def build_pipeline(
@@ -517,8 +531,7 @@ def build_pipeline(
     folders[cfg.name] = write_model(repo, cfg, {1: {"model.py": PREPROCESS_PY, "tokenizer.json": Path(tokenizer_json)}})
     cfg = encoder_config(f"encoder{suffix}", instance_count=encoder_instances, intra_op_threads=intra_op_threads,
                          platform=encoder_platform, kind=kind, **common)
-    files = {"model.onnx": Path(onnx_path)} if encoder_platform else {"model.py": ENCODER_PY, "model.onnx": Path(onnx_path)}
-    folders[cfg.name] = write_model(repo, cfg, {1: files})
+    folders[cfg.name] = write_encoder(repo, cfg, onnx_path)
     cfg = postprocess_config(f"postprocess{suffix}", num_classes=num_classes, version_policy=version_policy, **common)
     folders[cfg.name] = write_model(
         repo, cfg, {v: {"model.py": POSTPROCESS_PY, "classifier.npz": Path(p)} for v, p in classifiers.items()})
