@@ -7,10 +7,13 @@ SHELL := /bin/bash
 ENV = env_dir=$$(scripts/ensure_env.sh) && PY="$$env_dir/bin/python"
 # Extra pytest arguments, e.g. make test PYTEST_ARGS="-k lesson00 -x"
 PYTEST_ARGS ?=
+# Extra arguments for `make grade`, e.g. GRADE_ARGS="--timeout 600 --lab 00_environment_lab"
+GRADE_ARGS ?=
+SUBMISSIONS ?=
 # Notebooks for `make course` (default: every lesson in notebooks/), e.g. make course NOTEBOOKS=notebooks/00_environment.ipynb
 NOTEBOOKS ?=
 
-.PHONY: help env course test lab labs report lint doctor clean
+.PHONY: help env course test lab labs report lint doctor warmup grade site agenda clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' Makefile | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -18,7 +21,7 @@ help:  ## list the targets
 env:  ## create (or reuse) the Python environment and print where it is
 	@$(ENV) && echo "environment: $$env_dir" && $$PY -m utils.env --short
 
-course:  ## run every lesson headless in full mode; executed notebooks and build/report.md under build/
+course:  ## run every lesson headless in full mode; executed notebooks, build/report.md/.html and build/site/
 	@$(ENV) && $$PY -m utils.run --full $(NOTEBOOKS)
 
 test:  ## the whole test suite in smoke mode (installs the environment if missing)
@@ -30,14 +33,27 @@ lab:  ## open JupyterLab on the course
 labs:  ## regenerate labs/ from solutions/
 	@$(ENV) && $$PY -m utils.labs generate
 
-report:  ## re-render build/report.md from build/results/
+report:  ## re-render build/report.md and build/report.html from build/results/
 	@$(ENV) && $$PY -m utils.report
 
 lint:  ## ruff over utils, tests and notebooks
 	@$(ENV) && $$PY -m ruff check utils tests notebooks solutions
 
-doctor:  ## check this machine: what will and will not run
-	@$(ENV) && $$PY -m utils.env
+doctor:  ## check this machine in under a minute: what will and will not run
+	@$(ENV) && $$PY -m utils.doctor
+
+warmup:  ## pre-build what is slow the first time (extensions, exports, caches) before a workshop
+	@$(ENV) && $$PY -m utils.warmup
+
+grade:  ## grade submitted labs into a CSV: make grade SUBMISSIONS=folder [GRADE_ARGS="--timeout 300"]
+	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=path/to/folder" >&2; exit 2; }
+	@$(ENV) && $$PY -m utils.grade "$(SUBMISSIONS)" $(GRADE_ARGS)
+
+site:  ## render the executed course to static HTML under build/site/ (offline)
+	@$(ENV) && $$PY -m utils.site
+
+agenda:  ## workshop agenda from the measured run times (updates docs/INSTRUCTOR.md)
+	@$(ENV) && $$PY -m utils.report agenda --update docs/INSTRUCTOR.md
 
 clean:  ## remove build outputs (the cached environment stays)
 	rm -rf build .pytest_cache .ruff_cache

@@ -28,6 +28,8 @@ __all__ = [
     "onnx_size_bytes",
     "check_model",
     "minilm_inputs",
+    "calibration_reader",
+    "to_fp16",
 ]
 
 MINILM_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -127,11 +129,14 @@ def export_minilm(path, *, opset: int = 17, dynamo: bool = False, model=None) ->
 
 
 def export_model(model, example_inputs, path, *, input_names, output_names, opset: int = 17, dynamo: bool = False,
-                 dynamic_axes: dict | None = None, dynamic_shapes=None) -> Path:
+                 dynamic_axes: dict | None = None, dynamic_shapes=None, **export_kwargs) -> Path:
     """torch.onnx.export with the course's defaults, quiet, returning the path (lesson 04).
 
     dynamo=False: the legacy exporter (TorchScript tracing), dynamic axes given by `dynamic_axes` {name: {axis: label}}.
     dynamo=True: the torch.export-based exporter, dynamic axes given by `dynamic_shapes` (torch.export.Dim objects).
+    It implements opset 18 and newer; a lower `opset` is raised to 18 (onnx's down-converter fails on many graphs).
+    Other keyword arguments go to torch.onnx.export (e.g. custom_translation_table, do_constant_folding). The
+    exporter's progress messages are captured and shown only when it writes no file.
     """
     import contextlib
     import io
@@ -146,6 +151,8 @@ def export_model(model, example_inputs, path, *, input_names, output_names, opse
     for stale in (path, path.with_name(path.name + ".data")):
         if stale.exists():
             stale.unlink()
+    if dynamo:
+        opset = max(opset, 18)
     kwargs = dict(input_names=list(input_names), output_names=list(output_names), opset_version=opset, dynamo=dynamo)
     if dynamo:
         if dynamic_shapes is not None:
@@ -153,6 +160,7 @@ def export_model(model, example_inputs, path, *, input_names, output_names, opse
         kwargs["verbose"] = False
     elif dynamic_axes is not None:
         kwargs["dynamic_axes"] = dynamic_axes
+    kwargs.update(export_kwargs)
     sink = io.StringIO()
     with warnings.catch_warnings(), contextlib.redirect_stdout(sink), torch.no_grad():
         warnings.simplefilter("ignore")
@@ -223,7 +231,7 @@ def _feeds(session, inputs) -> dict:
         inputs = (inputs,)
     if len(inputs) != len(names):
         raise ValueError(f"the ONNX graph expects {len(names)} inputs {names}, got {len(inputs)}")
-    return {n: _to_numpy(v) for n, v in zip(names, inputs)}
+    return {n: _to_numpy(v) for n, v in zip(names, inputs, strict=True)}
 
 
 def parity(torch_fn, ort_session, inputs, atol: float = 1e-4, rtol: float = 1e-3) -> float:
@@ -255,8 +263,10 @@ def parity(torch_fn, ort_session, inputs, atol: float = 1e-4, rtol: float = 1e-3
         if hasattr(ref, "last_hidden_state"):
             ref = ref.last_hidden_state
         refs = list(ref) if isinstance(ref, (tuple, list)) else [ref]
-        outs = ort_session.run(None, feeds)[: len(refs)]
-        for j, (r, o) in enumerate(zip(refs, outs)):
+        outs = ort_session.run(None, feeds)
+        if len(outs) < len(refs):
+            raise ParityError(f"the reference returned {len(refs)} outputs but the ONNX graph has {len(outs)}")
+        for j, (r, o) in enumerate(zip(refs, outs[: len(refs)], strict=True)):
             r = _to_numpy(r).astype(np.float64)
             o = np.asarray(o).astype(np.float64)
             if r.shape != o.shape:
@@ -350,3 +360,55 @@ def check_model(path, *, full_check: bool = True, strict: bool = True):
     onnx.checker.check_model(str(p), full_check=full_check)
     model = onnx.load(str(p))
     return onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=strict, data_prop=True)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# quantization and precision
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def calibration_reader(input_name: str, batches):
+    """An onnxruntime.quantization CalibrationDataReader over a list of numpy/torch batches (lesson 04).
+
+    quantize_static runs these batches through the fp32 model to choose activation ranges: they should look like real
+    inputs (same preprocessing), and a few hundred samples are usually enough.
+    """
+    from onnxruntime.quantization import CalibrationDataReader
+
+    batches = [_to_numpy(b) for b in batches]
+    if not batches:
+        raise ValueError("calibration needs at least one batch of inputs")
+
+    class _Reader(CalibrationDataReader):
+        def __init__(self):
+            self._it = iter(batches)
+
+        def get_next(self):
+            batch = next(self._it, None)
+            return None if batch is None else {input_name: batch}
+
+        def rewind(self):
+            self._it = iter(batches)
+
+    return _Reader()
+
+
+def to_fp16(path, out_path, *, keep_io_types: bool = True) -> Path:
+    """Convert an fp32 ONNX model to fp16 weights and compute (inputs/outputs stay fp32 by default) (lesson 04).
+
+    Uses ONNX Runtime's float16 converter. TensorRT 11 builds strongly typed networks only, so its fp16 engines start
+    from such a file; on a CPU, ONNX Runtime runs it too (slowly: CPUs have few fp16 kernels), which lets you check
+    its accuracy here.
+    """
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    src = _as_path(path)
+    if not src.is_file():
+        raise FileNotFoundError(f"ONNX model {src} does not exist")
+    model = onnx.load(str(src))
+    half = convert_float_to_float16(model, keep_io_types=keep_io_types, disable_shape_infer=False)
+    out = _as_path(out_path, "out_path")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(half, str(out))
+    return out

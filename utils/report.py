@@ -269,10 +269,6 @@ def agenda(results: dict[str, dict] | None = None, start: str = "09:00") -> str:
     ]
     unmeasured, modes = [], set()
     for stem, (talk, lab) in WORKSHOP_PLAN.items():
-        while breaks and now >= breaks[0][0]:
-            _, name, length = breaks.pop(0)
-            lines.append(f"| {_clock(now)} | *{name}* | | | |")
-            now += length
         data = results.get(stem, {})
         runtime = data.get("runtime_s")
         if isinstance(runtime, int | float):
@@ -283,6 +279,11 @@ def agenda(results: dict[str, dict] | None = None, start: str = "09:00") -> str:
             run_min = 0
             unmeasured.append(stem)
             run_txt = "not measured yet"
+        # take a break before this lesson when more than half of it would run past the break's time
+        while breaks and now + (talk + run_min + lab) / 2 >= breaks[0][0]:
+            _, name, length = breaks.pop(0)
+            lines.append(f"| {_clock(now)} | *{name}* | | | |")
+            now += length
         title = lesson_title(stem)
         lines.append(f"| {_clock(now)} | {stem}{': ' + title if title else ''} | {talk} | {run_txt} | {lab} |")
         now += talk + run_min + lab

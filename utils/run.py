@@ -3,7 +3,8 @@
     python -m utils.run [--smoke | --full] [-p NAME VALUE ...] [notebook.ipynb ...]
 
 Runs the lesson notebooks in order with papermill (default: every notebooks/NN_*.ipynb, full mode), writes the
-executed copies to build/executed/, stores each notebook's run time with its results and renders build/report.md.
+executed copies to build/executed/, stores each notebook's run time with its results and renders build/report.md,
+build/report.html and the static site build/site/ (utils.site).
 It stops at the first failure and names the notebook, the cell and the error. A parameter a notebook does not declare
 in its `parameters` cell is an error (papermill itself would only warn).
 """
@@ -125,7 +126,7 @@ def main(argv=None) -> int:
     mode.add_argument("--full", action="store_true", help="full sizes (default)")
     parser.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "VALUE"), default=[])
     parser.add_argument("--out", type=Path, default=None, help="folder for executed notebooks (build/executed)")
-    parser.add_argument("--no-report", action="store_true", help="do not render build/report.md at the end")
+    parser.add_argument("--no-report", action="store_true", help="do not render the report and the site at the end")
     parser.add_argument("notebooks", nargs="*", type=Path)
     args = parser.parse_args(argv)
 
@@ -154,7 +155,11 @@ def main(argv=None) -> int:
         tqdm.write(f"  {Path(nb).name}: {seconds:.0f} s")
     print(f"all {len(notebooks)} notebook(s) ran in {total:.0f} s")
     if not args.no_report:
-        print(f"report: {report.render()}")
+        from utils import site
+
+        md = report.render()
+        print(f"report: {md} and {report.render_html(md)}")
+        print(f"static site (offline): {site.build(out_dir)}")
     return 0
 
 

@@ -370,6 +370,8 @@ class TritonPythonModel:
         options = ort.SessionOptions()
         options.intra_op_num_threads = int(params.get("intra_op_threads", "0"))
         options.inter_op_num_threads = 1
+        if params.get("allow_spinning", "1") == "0":  # idle pool threads sleep instead of spinning on a core
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.log_severity_level = 3
         if args["model_instance_kind"] == "GPU":
             device = int(args["model_instance_device_id"])
@@ -409,19 +411,24 @@ class TritonPythonModel:
             self.bias = data["bias"].astype(np.float32)
             self.labels = np.array([s.encode() for s in data["labels"].tolist()], dtype=object)
 
+    def _classify(self, hidden, mask):
+        mask = mask.astype(np.float32)[:, :, None]
+        pooled = (hidden * mask).sum(axis=1) / np.maximum(mask.sum(axis=1), 1e-9)
+        emb = pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
+        logits = (emb @ self.weight + self.bias).astype(np.float32)
+        return logits, self.labels[logits.argmax(axis=1)].reshape(-1, 1)
+
     def execute(self, requests):
         hidden = [pb_utils.get_input_tensor_by_name(r, "last_hidden_state").as_numpy() for r in requests]
         masks = [pb_utils.get_input_tensor_by_name(r, "attention_mask").as_numpy() for r in requests]
-        responses = []
-        for h, m in zip(hidden, masks):
-            m = m.astype(np.float32)[:, :, None]
-            pooled = (h * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1e-9)
-            emb = pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
-            logits = (emb @ self.weight + self.bias).astype(np.float32)
-            label = self.labels[logits.argmax(axis=1)].reshape(-1, 1)
-            responses.append(pb_utils.InferenceResponse(output_tensors=[
-                pb_utils.Tensor("LOGITS", logits), pb_utils.Tensor("LABEL", label)]))
-        return responses
+        if len({h.shape[1:] for h in hidden}) == 1:  # one vectorised pass over every request in this batch
+            logits, labels = self._classify(np.concatenate(hidden), np.concatenate(masks))
+            cuts = np.cumsum([h.shape[0] for h in hidden])[:-1]
+            parts = zip(np.split(logits, cuts), np.split(labels, cuts))
+        else:
+            parts = [self._classify(h, m) for h, m in zip(hidden, masks)]
+        return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("LOGITS", lg), pb_utils.Tensor("LABEL", lb)])
+                for lg, lb in parts]
 '''
 
 
@@ -439,11 +446,14 @@ def preprocess_config(name: str = "preprocess", *, seq_len: int = 32, max_batch_
 
 
 def encoder_config(name: str = "encoder", *, max_batch_size: int = 32, dynamic_batching=None, instance_count: int = 1,
-                   intra_op_threads: int = 0, kind: str = "KIND_CPU", gpus=None, platform: bool = False):
+                   intra_op_threads: int = 0, allow_spinning: bool = True, kind: str = "KIND_CPU", gpus=None,
+                   platform: bool = False):
     """ModelConfig of the MiniLM encoder (lesson 05).
 
     platform=False: the Python backend running ONNX Runtime (what this course's server can load). platform=True: the
     same tensors with platform "onnxruntime_onnx", which a full Triton container serves from model.onnx directly.
+    intra_op_threads (0 = ONNX Runtime's default, one per physical core) and allow_spinning (False: idle pool threads
+    sleep rather than spin, which matters when other processes share the cores) go to model.py as parameters.
     """
     kwargs = dict(
         max_batch_size=max_batch_size, dynamic_batching=dynamic_batching, instance_count=instance_count, kind=kind,
@@ -453,7 +463,10 @@ def encoder_config(name: str = "encoder", *, max_batch_size: int = 32, dynamic_b
     )
     if platform:
         return model_config(name, backend=None, platform="onnxruntime_onnx", **kwargs)
-    return model_config(name, parameters={"intra_op_threads": intra_op_threads}, **kwargs)
+    params = {"intra_op_threads": intra_op_threads}
+    if not allow_spinning:
+        params["allow_spinning"] = 0
+    return model_config(name, parameters=params, **kwargs)
 
 
 def postprocess_config(name: str = "postprocess", *, num_classes: int, max_batch_size: int = 32,
@@ -510,6 +523,7 @@ def build_pipeline(
     dynamic_batching=None,
     encoder_instances: int = 1,
     intra_op_threads: int = 0,
+    allow_spinning: bool = True,
     version_policy=None,
     encoder_platform: bool = False,
     kind: str = "KIND_CPU",
@@ -530,7 +544,7 @@ def build_pipeline(
     cfg = preprocess_config(f"preprocess{suffix}", seq_len=seq_len, **common)
     folders[cfg.name] = write_model(repo, cfg, {1: {"model.py": PREPROCESS_PY, "tokenizer.json": Path(tokenizer_json)}})
     cfg = encoder_config(f"encoder{suffix}", instance_count=encoder_instances, intra_op_threads=intra_op_threads,
-                         platform=encoder_platform, kind=kind, **common)
+                         allow_spinning=allow_spinning, platform=encoder_platform, kind=kind, **common)
     folders[cfg.name] = write_encoder(repo, cfg, onnx_path)
     cfg = postprocess_config(f"postprocess{suffix}", num_classes=num_classes, version_policy=version_policy, **common)
     folders[cfg.name] = write_model(

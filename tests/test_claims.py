@@ -1,0 +1,151 @@
+"""utils.claims and the report rendering around it: verdicts, graceful degradation, report.md/html, the agenda."""
+
+import base64
+import json
+
+import pytest
+
+from tests.test_lesson_results import REQUIRED_METRICS
+from utils import claims, report
+
+# a 1x1 PNG, to check that the HTML report embeds plots
+PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+)
+
+
+def _results(**lessons):
+    return {stem: {"notebook": stem, "mode": "full", "units": {}, "skipped": {}, **data} for stem, data in lessons.items()}
+
+
+def _by_id(rows):
+    return {r.id: r for r in rows}
+
+
+def test_every_claim_reads_not_run_without_results():
+    rows = claims.evaluate({})
+    assert len(rows) == len(claims.CLAIMS) >= 6
+    assert {r.verdict for r in rows} == {"not run"}
+    assert all("no results yet" in r.reason for r in rows)
+
+
+def test_the_source_claims_are_all_there():
+    texts = " ".join(c.claim for c in claims.CLAIMS)
+    for phrase in ("TorchScript: 10-30% faster", "4x smaller", "2-4x faster", "Batch inference: 3-10x",
+                   "First inference: 10-100x slower", "GPU inference: 10-100x faster", "adds 1-10 ms"):
+        assert phrase in texts
+
+
+def test_claims_read_contracted_metrics_or_name_an_optional_section():
+    for c in claims.CLAIMS:
+        contracted = [m for lesson, m in c.metrics if m in REQUIRED_METRICS.get(lesson, [])]
+        assert contracted or c.section, f"{c.id}: none of {c.metrics} is a required metric and no section is named"
+
+
+def test_verdicts_follow_the_claimed_ranges():
+    results = _results(
+        **{
+            "01_inference_modes": {
+                "metrics": {"resnet18_bs32_vs_bs1_throughput": 4.2, "first_call_over_steady": 3.0,
+                            "resnet50_int8_dynamic_size_ratio": 1.04, "keras_call_vs_predict_speedup": 12.0},
+                "skipped": {"01.gpu-speedup": "needs cuda: no CUDA GPU visible", "01.pinned-memory": "needs cuda: none"},
+            },
+            "02_graphs": {"metrics": {"freeze_speedup_resnet50": 1.9}},
+            "04_onnx_tensorrt": {"metrics": {"int8_size_ratio": 0.26, "int8_speedup": 2.99,
+                                             "ort_speedup_vs_eager_bs8": 2.0},
+                                 "anchors": {"ort_speedup_vs_eager_bs8": "1.8x BERT-base CPU"}},
+        }
+    )
+    rows = _by_id(claims.evaluate(results))
+    assert rows["batch-speedup"].verdict == "holds"
+    assert rows["first-inference"].verdict == "does not hold"
+    assert rows["torchscript-speedup"].verdict == "holds (beyond the claimed range)"
+    assert rows["torchscript-speedup"].metric == "freeze_speedup_resnet50"
+    assert rows["quantization-size"].verdict == "holds" and "inverse" in rows["quantization-size"].reason
+    assert rows["quantization-dynamic-size"].verdict == "does not hold"
+    assert rows["quantization-speed"].verdict == "holds"
+    assert rows["keras-call-vs-predict"].verdict == "holds"
+    assert rows["onnx-runtime-faster"].anchor == "1.8x BERT-base CPU"
+    for gpu_claim in ("gpu-speedup", "transfer-latency"):
+        assert rows[gpu_claim].verdict == "not measurable here"
+        assert "no CUDA GPU" in rows[gpu_claim].reason or "needs cuda" in rows[gpu_claim].reason
+
+
+def test_a_plain_torchscript_speedup_is_preferred_and_smoke_runs_say_so():
+    results = _results(**{"02_graphs": {"mode": "smoke", "metrics": {"script_speedup_resnet50": 1.15,
+                                                                      "freeze_speedup_resnet50": 1.9}}})
+    row = _by_id(claims.evaluate(results))["torchscript-speedup"]
+    assert row.metric == "script_speedup_resnet50" and row.verdict == "holds"
+    assert "smoke run" in row.reason
+    assert any("freeze_speedup_resnet50" in c for c in row.context)
+
+
+def test_a_lesson_that_ran_without_the_metric_or_with_text_is_explained():
+    results = _results(**{"01_inference_modes": {"metrics": {"first_call_over_steady": "fast"}}})
+    rows = _by_id(claims.evaluate(results))
+    assert rows["first-inference"].verdict == "not measurable here" and "not a number" in rows["first-inference"].reason
+    assert rows["batch-speedup"].verdict == "not run" and "did not record" in rows["batch-speedup"].reason
+    assert rows["gpu-speedup"].verdict == "not measurable here" and "recorded none" in rows["gpu-speedup"].reason
+
+
+def test_gpu_claims_hold_when_a_gpu_lesson_recorded_them():
+    results = _results(**{"01_inference_modes": {"metrics": {"gpu_vs_cpu_speedup": 35.0, "h2d_copy_ms": 0.4}}})
+    rows = _by_id(claims.evaluate(results))
+    assert rows["gpu-speedup"].verdict == "holds"
+    assert rows["transfer-latency"].verdict == "does not hold" and rows["transfer-latency"].measured.endswith("ms")
+
+
+def test_markdown_table_has_every_claim_and_a_bold_verdict():
+    text = claims.markdown({})
+    lines = [ln for ln in text.splitlines() if ln.startswith("| ") and "---" not in ln][1:]
+    assert len(lines) == len(claims.CLAIMS)
+    assert all("**not run**" in ln for ln in lines)
+
+
+def test_load_results_skips_broken_files(tmp_path):
+    (tmp_path / "a.json").write_text("{broken")
+    (tmp_path / "01_inference_modes.json").write_text(json.dumps({"notebook": "01_inference_modes", "metrics": {}}))
+    assert list(claims.load_results(tmp_path)) == ["01_inference_modes"]
+    assert claims.load_results(tmp_path / "missing") == {}
+
+
+@pytest.fixture
+def build(monkeypatch, tmp_path):
+    monkeypatch.setenv("WORKBOOK_BUILD_DIR", str(tmp_path))
+    return tmp_path
+
+
+def test_report_md_and_html_carry_claims_tables_and_plots(build):
+    report.init("01_inference_modes")
+    report.record("resnet18_bs32_vs_bs1_throughput", 5.0, unit="x", anchor="3-10x (source)")
+    (build / "figures").mkdir(exist_ok=True)
+    (build / "figures" / "01_inference_modes_plot.png").write_bytes(PNG)
+    data = json.loads((build / "results" / "01_inference_modes.json").read_text())
+    data["figures"] = ["figures/01_inference_modes_plot.png"]
+    (build / "results" / "01_inference_modes.json").write_text(json.dumps(data))
+    report.set_runtime("01_inference_modes", 61.0, "full")
+    md = report.render().read_text()
+    assert "## Claims checked on this machine" in md and "| Batch inference: 3-10x" in md
+    assert "**holds**" in md and "![01_inference_modes_plot](figures/01_inference_modes_plot.png)" in md
+    html = report.render_html().read_text()
+    assert '<strong class="v-holds">holds</strong>' in html
+    assert "data:image/png;base64," in html and 'src="figures/' not in html
+    assert "<table>" in html and "http://" not in html.split("<body>")[1].split("</body>")[0].replace("http://127", "")
+
+
+def test_agenda_uses_measured_run_times_and_marks_missing_ones(build, tmp_path):
+    results = _results(**{"00_environment": {"runtime_s": 95.0}, "01_inference_modes": {"runtime_s": 3600.0}})
+    text = report.agenda(results)
+    assert "| 09:00 | 00_environment" in text and "2 (full run, 95 s)" in text
+    assert "60 (full run, 3600 s)" in text
+    assert "Not measured yet: 02_graphs" in text and "lunch" in text
+    with pytest.raises(ValueError, match="09:00"):
+        report.agenda(results, start="9am")
+    guide = tmp_path / "guide.md"
+    guide.write_text("intro\n<!-- agenda:start -->\nold\n<!-- agenda:end -->\noutro\n")
+    assert report.update_agenda(guide, results)
+    body = guide.read_text()
+    assert body.startswith("intro\n") and body.endswith("outro\n") and "old" not in body and "95 s" in body
+    (tmp_path / "plain.md").write_text("no block")
+    with pytest.raises(ValueError, match="agenda:start"):
+        report.update_agenda(tmp_path / "plain.md", results)

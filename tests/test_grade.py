@@ -1,0 +1,168 @@
+"""utils.grade: a folder of submissions becomes the right CSV; submissions run sandboxed, one scratch folder each.
+
+The graded lab here is a tiny one written by the test (solutions/99_tiny_lab.ipynb in a temporary repository root),
+so a submission runs in seconds; the same code grades the real labs (`make grade`).
+"""
+
+import csv
+import socket
+import threading
+
+import nbformat
+import pytest
+
+from utils import grade
+
+LAB = "99_tiny_lab"
+SETUP = "from utils.labs import LabCheckFailed, call, expect, passed\nfrom utils import env\nSMOKE = env.smoke_default()"
+DOUBLE = "def double(x):\n    # BEGIN SOLUTION: return twice x\n    return 2 * x\n    # END SOLUTION"
+NEGATE = "def negate(x):\n    # BEGIN SOLUTION: return minus x\n    return -x\n    # END SOLUTION"
+CHECK_DOUBLE = ('# CHECK\ngot = call(double, 21)\nexpect(got == 42, f"double(21) should be 42, got {got!r}")\n'
+                'passed("double")')
+CHECK_NEGATE = ('# CHECK\ngot = call(negate, 3)\nexpect(got == -3, f"negate(3) should be -3, got {got!r}")\n'
+                'passed("negate")')
+
+
+def _notebook(*sources):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(s) for s in sources]
+    nb.cells[0].metadata["tags"] = []
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    return nb
+
+
+def _solution(**replace):
+    cells = {"setup": SETUP, "double": DOUBLE, "check_double": CHECK_DOUBLE, "negate": NEGATE, "check_negate": CHECK_NEGATE}
+    cells.update(replace)
+    return _notebook(*[c for c in cells.values() if c is not None])
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("repo")
+    (root / "solutions").mkdir()
+    nbformat.write(_solution(), str(root / "solutions" / f"{LAB}.ipynb"))
+    return root
+
+
+def _read(path):
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def _write(folder, name, nb):
+    path = folder / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, str(path))
+
+
+def test_reference_checks_come_from_the_solution(root):
+    assert [name for name, _ in grade.reference_checks(LAB, root)] == ["check 1", "check 2"]
+    with pytest.raises(FileNotFoundError):
+        grade.reference_checks("98_missing_lab", root)
+
+
+def test_finding_submissions_in_both_layouts(root, tmp_path):
+    _write(tmp_path, f"alice_{LAB}.ipynb", _solution())
+    _write(tmp_path, f"bob/{LAB}.ipynb", _solution())
+    _write(tmp_path, "carol-homework.ipynb", _solution())
+    _write(tmp_path, f".ipynb_checkpoints/alice_{LAB}-checkpoint.ipynb", _solution())
+    subs = grade.find_submissions(tmp_path, root=root)
+    assert [(s.learner, s.lab) for s in subs] == [("alice", LAB), ("bob", LAB), ("carol-homework", "")]
+    forced = grade.find_submissions(tmp_path, lab=LAB, root=root)
+    assert {s.learner for s in forced} == {"alice", "bob", "carol-homework"} and {s.lab for s in forced} == {LAB}
+    with pytest.raises(ValueError, match="unknown lab"):
+        grade.find_submissions(tmp_path, lab="nope", root=root)
+    with pytest.raises(FileNotFoundError):
+        grade.find_submissions(tmp_path / "missing", root=root)
+
+
+def test_a_correct_an_incomplete_and_a_crashing_submission(root, tmp_path):
+    subs = tmp_path / "subs"
+    _write(subs, f"alice_{LAB}.ipynb", _solution())
+    incomplete = _solution(negate='def negate(x):\n    raise NotImplementedError("TODO: return minus x")')
+    _write(subs, f"bob_{LAB}.ipynb", incomplete)
+    crashing = _solution(negate="import os\nos._exit(3)  # the kernel dies before the second check")
+    _write(subs, f"carol/{LAB}.ipynb", crashing)
+    tampered = _solution(check_double='# CHECK\nprint("PASSED double")', double="def double(x):\n    return x")
+    _write(subs, f"dave_{LAB}.ipynb", tampered)
+    broken_structure = _solution(check_negate=None)
+    _write(subs, f"erin_{LAB}.ipynb", broken_structure)
+    _write(subs, "frank.ipynb", _solution())
+    box = grade.sandbox(tmp_path)
+    out = grade.grade(subs, tmp_path / "grades.csv", timeout=120, root=root, allow_unsandboxed=not box.enforced)
+    rows = _read(out)
+    assert list(rows[0]) == list(grade.COLUMNS)
+    got = {(r["learner"], r["check"]): r for r in rows}
+    assert len(rows) == 11
+    assert got[("alice", "check 1")]["status"] == got[("alice", "check 2")]["status"] == "passed"
+    assert got[("bob", "check 1")]["status"] == "passed"
+    assert got[("bob", "check 2")]["status"] == "failed" and "not written yet" in got[("bob", "check 2")]["detail"]
+    assert got[("carol", "check 1")]["status"] == "passed"
+    assert got[("carol", "check 2")]["status"] == "error" and "kernel" in got[("carol", "check 2")]["detail"].lower()
+    assert got[("dave", "check 1")]["status"] == "failed" and "should be 42" in got[("dave", "check 1")]["detail"]
+    assert {got[("erin", c)]["status"] for c in ("check 1", "check 2")} == {"error"}
+    assert "CHECK' cells" in got[("erin", "check 1")]["detail"]
+    assert got[("frank", "(submission)")]["status"] == "error" and "which lab" in got[("frank", "(submission)")]["detail"]
+    assert not (tmp_path / ".grade-scratch").exists(), "scratch folders are removed after grading"
+
+
+def test_a_submission_that_runs_too_long_times_out(root, tmp_path):
+    subs = tmp_path / "subs"
+    _write(subs, f"slow_{LAB}.ipynb", _solution(negate="import time\ntime.sleep(600)"))
+    box = grade.sandbox(tmp_path)
+    rows = _read(grade.grade(subs, tmp_path / "g.csv", timeout=8, root=root, allow_unsandboxed=not box.enforced))
+    status = {r["check"]: r["status"] for r in rows}
+    assert status == {"check 1": "passed", "check 2": "timeout"}
+
+
+def test_submissions_cannot_reach_the_network_or_write_outside_scratch(root, tmp_path):
+    box = grade.sandbox(tmp_path)
+    if not box.enforced:
+        pytest.skip(f"no sandbox on this machine: {box.description}")
+    outside = tmp_path / "escaped.txt"
+    hits = []
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(5)
+    server.settimeout(30)
+    port = server.getsockname()[1]
+
+    def accept():
+        try:
+            conn, _ = server.accept()
+            hits.append(1)
+            conn.close()
+        except OSError:
+            pass
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    attack = (
+        "import os, socket\n"
+        f"for target in ({str(outside)!r}, os.path.expanduser('~/../../escaped-home.txt')):\n"
+        "    try:\n        open(target, 'w').write('x')\n    except OSError as e:\n        print('write blocked:', e)\n"
+        f"for host, port in (('127.0.0.1', {port}), ('1.1.1.1', 53)):\n"
+        "    try:\n        socket.create_connection((host, port), timeout=3).close(); print('CONNECTED', host)\n"
+        "    except OSError as e:\n        print('network blocked:', host, e)\n"
+    )
+    subs = tmp_path / "subs"
+    _write(subs, f"mallory_{LAB}.ipynb", _solution(negate=NEGATE + "\n" + attack))
+    rows = _read(grade.grade(subs, tmp_path / "g.csv", timeout=120, root=root, keep_scratch=True))
+    server.close()
+    thread.join(5)
+    assert {r["status"] for r in rows} == {"passed"}, rows
+    assert not outside.exists(), "a submission wrote outside its scratch folder"
+    assert not (tmp_path / ".grade-scratch" / "escaped-home.txt").exists()
+    assert not hits, "a submission reached a port on the host's loopback"
+    log = next((tmp_path / ".grade-scratch").glob("mallory*")) / "executed.ipynb"
+    text = "".join(o.get("text", "") for c in nbformat.read(str(log), as_version=4).cells for o in c.get("outputs", []))
+    assert "write blocked" in text and "network blocked: 127.0.0.1" in text and "CONNECTED" not in text
+
+
+def test_refuses_to_run_without_a_sandbox(root, tmp_path, monkeypatch):
+    _write(tmp_path / "subs", f"alice_{LAB}.ipynb", _solution())
+    monkeypatch.setattr(grade, "_sandbox_cache", grade.Sandbox((), "NO SANDBOX: test", False))
+    with pytest.raises(RuntimeError, match="refusing"):
+        grade.grade(tmp_path / "subs", tmp_path / "g.csv", root=root)
+    assert grade.main([str(tmp_path / "subs"), "--out", str(tmp_path / "g.csv")]) == 2

@@ -1,0 +1,277 @@
+"""Unit tests for utils.graphs (lesson 02) and the lab 02 checks: correctness and clear errors, no timings."""
+
+import collections
+import warnings
+
+import pytest
+import torch
+
+from utils import graphs
+from utils.checks import lab02
+from utils.labs import LabCheckFailed
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*is deprecated. Please:FutureWarning")
+
+
+def test_clipnorm_branches_and_seeded_weights():
+    a, b = graphs.ClipNorm(), graphs.ClipNorm()
+    assert torch.equal(a.lin.weight, b.lin.weight), "same seed must give the same weights"
+    assert not torch.equal(a.lin.weight, graphs.ClipNorm(seed=1).lin.weight)
+    with torch.no_grad():
+        assert a(torch.full((2, 4), 0.1)).norm() < 1.0  # below max_norm: untouched
+        assert a(torch.full((2, 4), 10.0)).norm() == pytest.approx(1.0, abs=1e-5)  # clipped
+
+
+def test_trace_freezes_the_branch_and_script_keeps_it():
+    model = graphs.ClipNorm()
+    small, large = torch.full((2, 4), 0.1), torch.full((2, 4), 10.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        traced = torch.jit.trace(model, small)
+    scripted = torch.jit.script(model)
+    with torch.no_grad():
+        assert not torch.allclose(traced(large), model(large))
+        assert torch.allclose(scripted(large), model(large))
+    assert graphs.node_kinds(scripted)["prim::If"] == 1
+    assert graphs.node_kinds(traced)["prim::If"] == 0
+
+
+def test_gated_mlp_takes_both_paths():
+    model = graphs.GatedMLP()
+    x = torch.rand(3, 8) + 0.1
+    with torch.no_grad():
+        relu_path = x + model.fc2(torch.relu(model.fc1(x)))
+        tanh_path = -x - model.fc2(torch.tanh(model.fc1(-x)))
+        assert torch.allclose(model(x), relu_path)
+        assert torch.allclose(model(-x), tanh_path)
+
+
+def test_noisy_and_clean_mlp_agree_and_break_differently():
+    x = torch.randn(8, 64)
+    noisy, clean = graphs.NoisyMLP(), graphs.CleanMLP()
+    with torch.no_grad():
+        assert torch.allclose(noisy(x), clean(x), atol=1e-6)
+    before, after = graphs.graph_breaks(noisy, x), graphs.graph_breaks(clean, x)
+    assert before.break_count == 2 and before.graph_count == 3 and len(before.reasons) == 2
+    assert after.break_count == 0 and after.graph_count == 1
+    assert "graph break" in str(before)
+
+
+def test_graph_breaks_rejects_non_callable():
+    with pytest.raises(TypeError, match="needs a callable"):
+        graphs.graph_breaks(42)
+
+
+def test_attention_scripted_with_and_without_mask():
+    attn = graphs.TinySelfAttention(dim=8, heads=2)
+    scripted = torch.jit.script(attn)
+    x = torch.randn(2, 4, 8)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    with torch.no_grad():
+        assert torch.allclose(scripted(x, mask), attn(x, mask), atol=1e-6)
+        assert torch.allclose(scripted(x), attn(x), atol=1e-6)
+        assert not torch.allclose(attn(x, mask), attn(x))
+    with pytest.raises(ValueError, match="divisible"):
+        graphs.TinySelfAttention(dim=10, heads=3)
+
+
+def test_node_kinds_and_kind_changes():
+    scripted = torch.jit.script(graphs.ClipNorm())
+    kinds = graphs.node_kinds(scripted)
+    assert kinds["aten::linear"] == 1  # inlined: the Linear submodule's call is expanded
+    assert graphs.node_kinds(scripted.graph)["prim::CallMethod"] == 1  # the raw graph still calls the submodule
+    rows = graphs.kind_changes(collections.Counter({"a": 3, "b": 1, "prim::Constant": 9}), collections.Counter({"a": 0, "b": 1}))
+    assert rows == [("a", 3, 0)]
+    with pytest.raises(TypeError, match="TorchScript"):
+        graphs.node_kinds(graphs.ClipNorm())
+
+
+def test_freeze_folds_batchnorm():
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU()).eval()
+    scripted = torch.jit.script(model)
+    frozen = torch.jit.freeze(scripted)
+    rows = {kind: (a, b) for kind, a, b in graphs.kind_changes(graphs.node_kinds(scripted), graphs.node_kinds(frozen))}
+    assert rows["aten::batch_norm"] == (1, 0)
+
+
+def test_first_line_and_quiet_logs():
+    assert graphs.first_line(ValueError("bad thing\nmore detail")) == "ValueError: bad thing"
+    assert graphs.first_line(RuntimeError("")) == "RuntimeError:"
+    import sys
+
+    with graphs.quiet_torch_logs() as captured:
+        print("hidden", file=sys.stderr)
+    assert captured.getvalue() == "hidden\n"
+
+
+def test_export_refuses_the_branch():
+    with graphs.quiet_torch_logs(), pytest.raises(Exception, match="data-dependent"):
+        torch.export.export(graphs.ClipNorm(), (torch.full((2, 4), 0.1),))
+
+
+HLO_TEXT = """HloModule demo, entry_computation_layout={(f32[4]{0})->f32[]}
+
+%add.red (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %add.1 = f32[] add(%x, %y)
+}
+
+%fused_computation (param_0: f32[4]) -> f32[4] {
+  %param_0 = f32[4]{0} parameter(0)
+  %c = f32[] constant(2)
+  %b = f32[4]{0} broadcast(%c), dimensions={}
+  ROOT %m = f32[4]{0} multiply(%param_0, %b)
+}
+
+ENTRY %main (arg0.1: f32[4]) -> f32[] {
+  %arg0.1 = f32[4]{0} parameter(0)
+  %mul_fusion = f32[4]{0} fusion(%arg0.1), kind=kLoop, calls=%fused_computation
+  %zero = f32[] constant(0)
+  ROOT %r = f32[] reduce(%mul_fusion, %zero), dimensions={0}, to_apply=%add.red
+}
+"""
+
+
+def test_parse_hlo():
+    module = graphs.parse_hlo(HLO_TEXT)
+    assert module.name == "demo" and module.entry == "main"
+    assert module.entry_ops == collections.Counter({"fusion": 1, "constant": 1, "reduce": 1})
+    assert module.fusion_kinds == ["kLoop"]
+    assert module.fused_ops == 3
+    with pytest.raises(ValueError, match="not HLO text"):
+        graphs.parse_hlo("hello")
+    with pytest.raises(ValueError, match="no ENTRY"):
+        graphs.parse_hlo("HloModule x\n\n%c (a: f32[]) -> f32[] {\n  ROOT %a = f32[] parameter(0)\n}\n")
+
+
+def test_read_hlo_dump(tmp_path):
+    (tmp_path / "module_0001.a_inference_f_1__.before_optimizations.txt").write_text(HLO_TEXT)
+    (tmp_path / "module_0001.a_inference_f_1__.cpu_after_optimizations.txt").write_text(HLO_TEXT)
+    before, after = graphs.read_hlo_dump(tmp_path, "inference_f")
+    assert before.name == after.name == "demo"
+    with pytest.raises(FileNotFoundError, match="matches 'nothing'"):
+        graphs.read_hlo_dump(tmp_path, "nothing")
+    with pytest.raises(FileNotFoundError, match="xla_dump_to"):
+        graphs.read_hlo_dump(tmp_path / "missing", "f")
+
+
+def test_count_retraces_rejects_plain_functions():
+    with pytest.raises(TypeError, match="tf.function"):
+        graphs.count_retraces(lambda x: x, [(1,)])
+
+
+def test_count_retraces_with_tensorflow():
+    tf = pytest.importorskip("tensorflow")
+    fn = tf.function(lambda x, k: x * k)
+    assert graphs.count_retraces(fn, [(tf.ones([2]), 2.0), (tf.ones([2]), 3.0), (tf.ones([2]), 3.0)]) == 2
+    with pytest.raises(TypeError, match="tuple of arguments"):
+        graphs.count_retraces(fn, [tf.ones([2])])
+
+
+def test_run_in_fresh_process(tmp_path):
+    model = graphs.ClipNorm()
+    scripted = torch.jit.script(model)
+    pt = tmp_path / "clip.pt"
+    scripted.save(str(pt))
+    x = torch.full((3, 4), 10.0)
+    (run,) = graphs.run_in_fresh_process((pt, (x,)))
+    with torch.no_grad():
+        assert torch.allclose(run.output, model(x))
+    assert run.kind == "TorchScript" and run.course_modules == [] and run.model == "clip.pt"
+
+
+def test_run_in_fresh_process_bad_input(tmp_path):
+    with pytest.raises(ValueError, match="at least one"):
+        graphs.run_in_fresh_process()
+    with pytest.raises(FileNotFoundError, match="save the model first"):
+        graphs.run_in_fresh_process((tmp_path / "missing.pt", (torch.ones(1),)))
+    other = tmp_path / "model.onnx"
+    other.write_text("x")
+    with pytest.raises(ValueError, match=r"\.pt2"):
+        graphs.run_in_fresh_process((other, (torch.ones(1),)))
+    pt = tmp_path / "m.pt"
+    pt.write_text("x")
+    with pytest.raises(TypeError, match="tensors"):
+        graphs.run_in_fresh_process((pt, ([1, 2],)))
+    with pytest.raises(TypeError, match="tuple"):
+        graphs.run_in_fresh_process(pt)
+    with pytest.raises(RuntimeError, match="could not run"):
+        graphs.run_in_fresh_process((pt, (torch.ones(1),)))
+
+
+# ---- lab 02 checks on good and bad answers -------------------------------------------------------------------------
+
+
+class _GoodCond(graphs.GatedMLP):
+    def forward(self, x):
+        return torch.cond(
+            x.mean() > 0,
+            lambda x: x + self.fc2(torch.relu(self.fc1(x))),
+            lambda x: x - self.fc2(torch.tanh(self.fc1(x))),
+            (x,),
+        )
+
+
+class _WrongBranch(graphs.GatedMLP):
+    def forward(self, x):
+        return torch.cond(
+            x.mean() > 0,
+            lambda x: x + self.fc2(torch.relu(self.fc1(x))),
+            lambda x: x + self.fc2(torch.tanh(self.fc1(x))),  # wrong sign
+            (x,),
+        )
+
+
+def _good_export(model, example):
+    return torch.export.export(model, (example,), dynamic_shapes={"x": {0: torch.export.Dim("batch", min=1, max=64)}})
+
+
+def test_lab02_checks_pass_on_good_answers(capsys):
+    lab02.check_cond_model(_GoodCond)
+    lab02.check_export(_good_export, _GoodCond)
+    out = capsys.readouterr().out
+    assert out.count("PASSED") == 2
+
+
+def test_lab02_checks_explain_bad_answers():
+    with pytest.raises(LabCheckFailed, match="tanh"):
+        lab02.check_cond_model(_WrongBranch)
+    with pytest.raises(LabCheckFailed, match="torch.cond"):
+        lab02.check_cond_model(graphs.GatedMLP)  # still a Python if: export fails
+    with pytest.raises(LabCheckFailed, match="dynamic_shapes"):
+        lab02.check_export(lambda m, x: torch.export.export(m, (x,)), _GoodCond)  # batch specialized to 4
+    with pytest.raises(LabCheckFailed, match="ExportedProgram"):
+        lab02.check_export(lambda m, x: m, _GoodCond)
+
+
+class _Loop(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.cell = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, steps: int) -> torch.Tensor:
+        for _ in range(steps):
+            x = torch.tanh(self.cell(x))
+        return x
+
+
+class _OffByOne(_Loop):
+    def forward(self, x: torch.Tensor, steps: int) -> torch.Tensor:
+        for _ in range(steps + 1):
+            x = torch.tanh(self.cell(x))
+        return x
+
+
+class _Stub(_Loop):
+    def forward(self, x: torch.Tensor, steps: int) -> torch.Tensor:
+        raise NotImplementedError("TODO: loop")
+
+
+def test_lab02_scripted_loop_check(capsys):
+    lab02.check_scripted_loop(_Loop)
+    assert "PASSED" in capsys.readouterr().out
+    with pytest.raises(LabCheckFailed, match="steps=1"):
+        lab02.check_scripted_loop(_OffByOne)
+    with pytest.raises(LabCheckFailed, match="not written yet"):
+        lab02.check_scripted_loop(_Stub)

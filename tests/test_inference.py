@@ -1,0 +1,239 @@
+"""utils.inference (lesson 01): predict, boundary checks, autograd memory, sizes (correctness only, no timings)."""
+
+import numpy as np
+import pytest
+import torch
+
+from utils import inference
+from utils.checks import lab01
+from utils.labs import LabCheckFailed
+
+
+@pytest.fixture
+def net():
+    return inference.tiny_cnn(seed=0)
+
+
+def test_tiny_cnn_is_seeded_and_in_train_mode():
+    a, b = inference.tiny_cnn(seed=3), inference.tiny_cnn(seed=3)
+    assert a.training
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
+    assert any(isinstance(m, torch.nn.Dropout) for m in a.modules())
+    assert any(isinstance(m, torch.nn.BatchNorm2d) for m in a.modules())
+
+
+def test_predict_matches_eval_forward_and_builds_no_graph(net):
+    x = torch.randn(11, 3, 32, 32)
+    out = inference.predict(net, x, max_batch=4)
+    assert not net.training, "predict leaves the model in eval mode"
+    with torch.no_grad():
+        expected = net(x)
+    assert out.shape == (11, 10) and out.device.type == "cpu"
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    assert out.grad_fn is None and not out.requires_grad
+
+
+def test_predict_respects_max_batch(net):
+    seen = []
+    net.register_forward_pre_hook(lambda module, args: seen.append(args[0].shape[0]))
+    inference.predict(net, torch.randn(10, 3, 16, 16), max_batch=4)
+    assert seen == [4, 4, 2]
+    with pytest.raises(ValueError, match="max_batch must be a positive int, got 0"):
+        inference.predict(net, torch.randn(2, 3, 16, 16), max_batch=0)
+    with pytest.raises(ValueError, match="True"):
+        inference.predict(net, torch.randn(2, 3, 16, 16), max_batch=True)
+
+
+@pytest.mark.parametrize(
+    "bad, error, message",
+    [
+        (torch.randn(3, 32, 32), ValueError, r"3-D tensor of shape \(3, 32, 32\).*unsqueeze\(0\)"),
+        (torch.randn(2, 32, 32, 3), ValueError, r"3 channels.*\(2, 32, 32, 3\).*permute\(0, 3, 1, 2\)"),
+        (torch.randn(2, 1, 32, 32), ValueError, r"3 channels.*\(2, 1, 32, 32\)"),
+        (torch.randn(0, 3, 32, 32), ValueError, "empty batch"),
+        (torch.randn(2, 3), ValueError, "2-D tensor"),
+        (torch.zeros(2, 3, 8, 8, dtype=torch.uint8), TypeError, r"torch.uint8.*float\(\)"),
+        (np.zeros((2, 3, 8, 8), dtype=np.float32), TypeError, r"numpy.ndarray with shape \(2, 3, 8, 8\)"),
+        ([1, 2, 3], TypeError, "builtins.list"),
+    ],
+)
+def test_validate_images_explains_bad_input(bad, error, message):
+    with pytest.raises(error, match=message):
+        inference.validate_images(bad)
+
+
+def test_validate_images_accepts_good_input_and_min_size():
+    x = torch.randn(2, 3, 8, 8)
+    assert inference.validate_images(x) is x
+    assert inference.validate_images(torch.randn(1, 1, 8, 8), channels=1) is not None
+    with pytest.raises(ValueError, match="at least 16x16"):
+        inference.validate_images(x, min_size=16)
+
+
+def test_model_device_and_mismatch_errors(net):
+    assert inference.model_device(net) == torch.device("cpu")
+    with pytest.raises(ValueError, match="no parameters or buffers"):
+        inference.model_device(torch.nn.ReLU())
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        inference.model_device("not a model")
+    split = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2).to("meta"))
+    with pytest.raises(inference.DeviceMismatchError, match=r"several devices \['cpu', 'meta'\]"):
+        inference.model_device(split)
+
+
+def test_check_same_device_names_input_and_fix():
+    lin = torch.nn.Linear(4, 2)
+    x = torch.randn(1, 4)
+    assert inference.check_same_device(lin, x) == torch.device("cpu")
+    with pytest.raises(inference.DeviceMismatchError, match=r"images is on meta but .* on cpu: .*x.to\('cpu'\)"):
+        inference.check_same_device(lin, x, x.to("meta"), names=["x", "images"])
+    with pytest.raises(ValueError, match="2 tensors but 1 names"):
+        inference.check_same_device(lin, x, x, names=["x"])
+    with pytest.raises(TypeError, match="input 0 must be a torch.Tensor"):
+        inference.check_same_device(lin, [1.0])
+
+
+def test_autograd_saved_bytes_counts_activations_only_with_grad():
+    lin = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256))
+    x = torch.randn(64, 256)
+    nbytes, out = inference.autograd_saved_bytes(lambda: lin(x), exclude=lin.parameters())
+    assert out.grad_fn is not None
+    # the first Linear saves x, the ReLU its output, the second Linear its input (the same storage as ReLU's output)
+    assert nbytes == 2 * 64 * 256 * 4
+    for ctx in (torch.no_grad, torch.inference_mode):
+        with ctx():
+            assert inference.autograd_saved_bytes(lambda: lin(x))[0] == 0
+    with pytest.raises(TypeError, match="callable"):
+        inference.autograd_saved_bytes(42)
+
+
+def test_path_size_bytes_and_size_table(tmp_path):
+    (tmp_path / "a.bin").write_bytes(b"x" * 1000)
+    folder = tmp_path / "saved" / "1"
+    (folder / "variables").mkdir(parents=True)
+    (folder / "saved_model.pb").write_bytes(b"y" * 300)
+    (folder / "variables" / "data").write_bytes(b"z" * 200)
+    assert inference.path_size_bytes(tmp_path / "a.bin") == 1000
+    assert inference.path_size_bytes(folder) == 500
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        inference.path_size_bytes(tmp_path / "missing.pt")
+    rows = inference.size_table([("m", "state_dict", tmp_path / "a.bin"), ("m", "SavedModel", folder),
+                                 ("other", "int8", 250)])
+    assert [r["mb"] for r in rows] == [1000 / 1e6, 500 / 1e6, 250 / 1e6]
+    assert rows[1]["vs_baseline"] == pytest.approx(0.5)
+    assert rows[2]["vs_baseline"] is None
+
+
+def test_onnx_size_includes_external_data(tmp_path):
+    pytest.importorskip("onnx")
+    path = tmp_path / "lin.onnx"
+    torch.onnx.export(torch.nn.Linear(8, 4), (torch.randn(1, 8),), str(path), dynamo=False)
+    assert inference.path_size_bytes(path) == path.stat().st_size
+
+
+def test_savedmodel_variable_bytes_rejects_non_savedmodel(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a SavedModel"):
+        inference.savedmodel_variable_bytes(tmp_path)
+
+
+def test_cold_start_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="batch must be >= 1"):
+        inference.cold_start(batch=0)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# lab 01 checks: they pass on the reference helpers and fail clearly on typical mistakes
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _reference_predict(model, x, max_batch=16):
+    return inference.predict(model, x, max_batch=max_batch)
+
+
+def test_lab_checks_pass_on_the_reference():
+    lab01.check_predict_correct(_reference_predict)
+    lab01.check_no_graph(_reference_predict)
+    lab01.check_batching(_reference_predict)
+    lab01.check_validation(_reference_predict)
+    lab01.check_device_placement(_reference_predict)
+
+
+def test_lab_checks_catch_typical_mistakes():
+    def no_eval(model, x, max_batch=16):
+        with torch.inference_mode():
+            return model(x)
+
+    with pytest.raises(LabCheckFailed, match="model.eval"):
+        lab01.check_predict_correct(no_eval)
+
+    def detach_only(model, x, max_batch=16):
+        model.eval()
+        return model(x).detach()
+
+    with pytest.raises(LabCheckFailed, match="saved .* tensors for backward"):
+        lab01.check_no_graph(detach_only)
+
+    def one_big_batch(model, x, max_batch=16):
+        if max_batch < 1:
+            raise ValueError(f"max_batch {max_batch}")
+        return inference.predict(model, x, max_batch=10**6)
+
+    with pytest.raises(LabCheckFailed, match="chunks of at most 8"):
+        lab01.check_batching(one_big_batch)
+
+    def no_validation(model, x, max_batch=16):
+        model.eval()
+        with torch.inference_mode():
+            return model(x)
+
+    with pytest.raises(LabCheckFailed, match="single image"):
+        lab01.check_validation(no_validation)
+
+    def ignores_device(model, x, max_batch=16):
+        model.eval()
+        with torch.inference_mode():
+            return model(x)
+
+    with pytest.raises(LabCheckFailed, match="received inputs on \\['cpu'\\]"):
+        lab01.check_device_placement(ignores_device)
+
+
+def test_lab_benchmark_and_pick_checks():
+    from utils import bench
+
+    def good(model, batch_sizes, image_size=64, min_run_time=0.02):
+        model.eval()
+        out = {}
+        for bs in batch_sizes:
+            x = torch.randn(bs, 3, image_size, image_size)
+            with torch.inference_mode():
+                ms = bench.measure(lambda x=x: model(x), warmup=1, min_run_time=min_run_time).median_ms
+            out[bs] = {"latency_ms": ms, "images_per_s": bs / (ms / 1e3)}
+        return out
+
+    assert sorted(lab01.check_benchmark(good)) == [1, 4, 16]
+
+    def seconds_not_ms(model, batch_sizes, image_size=64):
+        res = good(model, batch_sizes, image_size)
+        return {bs: {"latency_ms": r["latency_ms"] / 1e3, "images_per_s": r["images_per_s"] * 1e3}
+                for bs, r in res.items()}
+
+    with pytest.raises(LabCheckFailed, match="ONE call in milliseconds"):
+        lab01.check_benchmark(seconds_not_ms)
+
+    def with_grad(model, batch_sizes, image_size=64):
+        model.eval()
+        return {bs: {"latency_ms": 1.0, "images_per_s": bs * 1e3} for bs in batch_sizes if model(torch.randn(bs, 3, 8, 8)) is not None}
+
+    with pytest.raises(LabCheckFailed, match="autograd enabled"):
+        lab01.check_benchmark(with_grad)
+
+    def pick(results, budget):
+        fitting = {bs: r for bs, r in results.items() if r["latency_ms"] <= budget}
+        if not fitting:
+            raise ValueError(f"nothing fits {budget} ms")
+        return max(fitting, key=lambda bs: fitting[bs]["images_per_s"])
+
+    lab01.check_pick_batch_size(pick)
+    with pytest.raises(LabCheckFailed, match="best batch size is"):
+        lab01.check_pick_batch_size(lambda results, budget: max(results))

@@ -1,0 +1,208 @@
+"""utils.interview and its bank (lesson 07): the bank validates, every proof runs, the quiz is seeded."""
+
+import json
+import re
+
+import nbformat
+import pytest
+
+from tests.test_lesson_results import REQUIRED_METRICS
+from utils import env, interview
+
+BANK = interview.load_bank()
+CODE_PROOFS = [q for q in BANK if q.code]
+PROOF_BUDGET_S = 20  # per proof, after the one-time framework imports (see the fixture)
+
+# the questions of the source material the bank must answer (interview questions and the seven self-checks)
+SOURCE_QUESTIONS = {
+    "no-grad-vs-requires-grad", "triton-latency-methodology", "xla-compile-vs-execute", "trace-vs-script",
+    "onnx-custom-autograd-function", "tensorrt-missing-fusions",
+    "graphs-pytorch-vs-tensorflow", "why-eval", "two-ways-to-save", "what-is-torchscript", "what-is-onnx", "warm-up",
+    "batch-vs-single",
+}
+
+
+def test_bank_is_large_and_covers_every_lesson():
+    assert len(BANK) >= 30
+    lessons = {q.lesson for q in BANK}
+    assert {stem for stem in interview.LESSON_TITLES if stem != "07_interview_prep"} <= lessons
+
+
+def test_every_source_question_is_in_the_bank():
+    ids = {q.id: q for q in BANK}
+    missing = SOURCE_QUESTIONS - set(ids)
+    assert not missing, f"source questions missing from the bank: {sorted(missing)}"
+    for qid in SOURCE_QUESTIONS:
+        assert ids[qid].origin == "source" and ids[qid].source_ref, qid
+    assert sum(q.origin == "source" for q in BANK) == len(SOURCE_QUESTIONS)
+
+
+def test_every_question_has_an_answer_a_lesson_and_a_proof():
+    for q in BANK:
+        assert q.question.endswith("?"), f"{q.id}: the question should be a question"
+        assert len(q.strategy.split()) >= 30, f"{q.id}: the answer strategy is too thin"
+        assert q.lesson in interview.LESSON_TITLES
+        assert q.code or q.metrics, f"{q.id}: no proof"
+
+
+def test_metric_pointers_name_metrics_the_lessons_must_record():
+    for q in BANK:
+        if q.metrics:
+            assert q.lesson in REQUIRED_METRICS, f"{q.id}: lesson {q.lesson} records no contracted metrics"
+            unknown = sorted(set(q.metrics) - set(REQUIRED_METRICS[q.lesson]))
+            assert not unknown, f"{q.id}: {unknown} are not in REQUIRED_METRICS[{q.lesson!r}]"
+
+
+def test_metric_pointers_resolve_to_a_section_where_the_lesson_exists():
+    root = env.repo_root()
+    for q in BANK:
+        if q.metrics and (root / q.notebook).is_file():
+            code = "\n".join(c.source for c in nbformat.read(str(root / q.notebook), as_version=4).cells)
+            if any(m in code for m in q.metrics):
+                assert interview.locate(q), f"{q.id}: its metrics are in {q.notebook} but no heading precedes them"
+
+
+def test_the_notebook_has_one_card_per_question():
+    nb = nbformat.read(str(env.repo_root() / "notebooks" / "07_interview_prep.ipynb"), as_version=4)
+    cards = re.findall(r'interview\.card\("([a-z0-9-]+)"', "\n".join(c.source for c in nb.cells if c.cell_type == "code"))
+    assert sorted(cards) == sorted(q.id for q in BANK), "notebooks/07_interview_prep.ipynb and the bank disagree"
+
+
+@pytest.fixture(scope="module")
+def frameworks_imported():
+    """Pay the one-time imports outside the per-proof budget (triton before tensorflow: see interview)."""
+    import torch  # noqa: F401
+
+    needs = {m for q in CODE_PROOFS for m in q.needs}
+    interview._import_order_guard(tuple(needs))
+    for module in sorted(needs):
+        __import__(module)
+
+
+@pytest.mark.parametrize("q", CODE_PROOFS, ids=[q.id for q in CODE_PROOFS])
+def test_code_proof_runs(q, frameworks_imported, monkeypatch, tmp_path):
+    monkeypatch.setenv("WORKBOOK_BUILD_DIR", str(tmp_path))  # proofs that read results see an empty build
+    result = interview.run_proof(q)
+    assert result.ok, f"proof of {q.id} failed:\n{result.output}\n{result.error}"
+    assert not result.skipped, result.skipped
+    assert result.output.strip(), f"{q.id}: a proof must print what it shows"
+    assert result.seconds < PROOF_BUDGET_S, f"{q.id}: proof took {result.seconds:.1f} s (budget {PROOF_BUDGET_S} s)"
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda e: e.pop("strategy"), "missing or empty"),
+        (lambda e: e.update(id="Bad Id"), "lowercase slug"),
+        (lambda e: e.update(lesson="09_nothing"), "is not one of"),
+        (lambda e: e.update(origin="source"), "needs source_ref"),
+        (lambda e: e.update(proof={}), "missing or empty"),
+        (lambda e: e.update(proof={"code": "def broken(:\n"}), "does not compile"),
+        (lambda e: e.update(proof={"metrics": ["not an identifier"]}), "list of identifiers"),
+        (lambda e: e.update(proof={"cod": "x = 1"}), "unknown proof field"),
+        (lambda e: e.update(strategy="Too short."), "too short"),
+        (lambda e: e.update(extra="x"), "unknown field"),
+    ],
+)
+def test_bad_entries_are_rejected_with_the_reason(mutate, message):
+    entry = {"id": "ok-entry", "lesson": "01_inference_modes", "origin": "course", "question": "Why?",
+             "strategy": " ".join(["word"] * 20), "proof": {"code": "x = 1\n"}}
+    interview.validate([dict(entry)])
+    bad = json.loads(json.dumps(entry))
+    mutate(bad)
+    with pytest.raises(interview.BankError, match=message):
+        interview.validate([bad])
+
+
+def test_duplicate_ids_and_empty_banks_are_rejected(tmp_path):
+    entry = {"id": "dup", "lesson": "01_inference_modes", "origin": "course", "question": "Why?",
+             "strategy": " ".join(["word"] * 20), "proof": {"metrics": ["first_call_over_steady"]}}
+    with pytest.raises(interview.BankError, match="duplicate id 'dup'"):
+        interview.validate([entry, dict(entry)])
+    with pytest.raises(interview.BankError, match="non-empty list"):
+        interview.validate([])
+    bad = tmp_path / "bank.yaml"
+    bad.write_text("- id: [unclosed\n")
+    with pytest.raises(interview.BankError, match="not valid YAML"):
+        interview.load_bank(bad)
+    with pytest.raises(FileNotFoundError):
+        interview.load_bank(tmp_path / "missing.yaml")
+
+
+def test_failing_and_skipped_proofs_are_reported_not_hidden():
+    failing = interview.Question("f", "01_inference_modes", "course", "Q?", "S", code="print('before')\nassert 1 == 2\n")
+    result = interview.run_proof(failing)
+    assert not result.ok and "AssertionError" in result.error and result.output == "before\n"
+    missing = interview.Question("m", "01_inference_modes", "course", "Q?", "S", code="import x\n", needs=("no_such_mod_xyz",))
+    result = interview.run_proof(missing)
+    assert result.ok and "no_such_mod_xyz" in result.skipped
+
+
+def test_get_names_close_matches():
+    with pytest.raises(KeyError, match="did you mean"):
+        interview.get("trace-vs-scrip")
+
+
+def test_quiz_is_seeded_and_filtered():
+    a = interview.quiz(5, seed=3, show=False)
+    b = interview.quiz(5, seed=3, show=False)
+    assert [q.id for q in a.questions] == [q.id for q in b.questions]
+    assert len({q.id for q in a.questions}) == 5
+    others = [interview.quiz(5, seed=s, show=False).questions for s in range(4, 8)]
+    assert any([q.id for q in o] != [q.id for q in a.questions] for o in others)
+    only02 = interview.quiz(3, seed=1, lessons=["02"], show=False)
+    assert {q.lesson for q in only02.questions} == {"02_graphs"}
+    with pytest.raises(ValueError, match="only"):
+        interview.quiz(len(BANK) + 1, show=False)
+    with pytest.raises(ValueError, match="no lesson matches"):
+        interview.quiz(1, lessons=["42"], show=False)
+    with pytest.raises(ValueError, match="positive integer"):
+        interview.quiz(0, show=False)
+
+
+def test_quiz_hides_answers_until_asked(capsys):
+    quiz = interview.quiz(3, seed=0, show=False)
+    page = quiz.html()
+    assert page.count("<details>") == 3 and "<summary>" in page
+    quiz.show("plain")
+    asked = capsys.readouterr().out
+    assert all(q.question in asked for q in quiz.questions)
+    flat = lambda text: " ".join(text.split())  # noqa: E731
+    assert not any(flat(q.strategy)[:60] in flat(asked) for q in quiz.questions)
+    quiz.reveal(1)
+    assert flat(quiz.questions[1].strategy)[:60] in flat(capsys.readouterr().out)
+    with pytest.raises(IndexError):
+        quiz.reveal(3)
+    with pytest.raises(ValueError, match="mode"):
+        quiz.show("loud")
+
+
+def test_quiz_widget_reveals_on_click():
+    pytest.importorskip("ipywidgets")
+    quiz = interview.quiz(2, seed=0, show=False)
+    box = quiz.widget()
+    row = box.children[0]
+    _, button, answer = row.children
+    assert answer.layout.display == "none"
+    button.click()
+    assert answer.layout.display is None and button.description == "Hide answer"
+    button.click()
+    assert answer.layout.display == "none"
+
+
+def test_recorded_values_come_from_the_results_file(monkeypatch, tmp_path):
+    monkeypatch.setenv("WORKBOOK_BUILD_DIR", str(tmp_path))
+    q = interview.get("batch-vs-single")
+    assert "not run yet" in interview.recorded(q)["resnet18_bs32_vs_bs1_throughput"]
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "01_inference_modes.json").write_text(json.dumps(
+        {"notebook": "01_inference_modes", "mode": "full", "metrics": {"resnet18_bs32_vs_bs1_throughput": 4.25},
+         "units": {"resnet18_bs32_vs_bs1_throughput": "x"}}))
+    assert interview.recorded(q)["resnet18_bs32_vs_bs1_throughput"] == "4.25 x (full run)"
+
+
+def test_command_line(capsys):
+    assert interview.main(["validate"]) == 0
+    assert f"{len(BANK)} questions" in capsys.readouterr().out
+    assert interview.main(["prove", "median-and-iqr"]) == 0
+    assert "proved" in capsys.readouterr().out

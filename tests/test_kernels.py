@@ -1,0 +1,309 @@
+"""utils.kernels (lesson 06): capability detection, the build cache, the fused softmax operator and its checks."""
+
+import math
+
+import pytest
+
+from utils import env, kernels
+from utils.checks import lab06
+from utils.labs import LabCheckFailed
+
+torch = pytest.importorskip("torch")
+
+needs_cxx = pytest.mark.skipif(not env.has("cxx"), reason="no C++ compiler")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# pure helpers (no build)
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "flags, want",
+    [
+        ({"sse2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq"}, "AVX512"),
+        ({"avx2", "fma", "avx512f"}, "AVX2"),  # AVX-512 F alone is not enough for ATen's AVX512 kernels
+        ({"avx2", "fma", "f16c"}, "AVX2"),
+        ({"avx2"}, "DEFAULT"),  # AVX2 without FMA (some VMs hide it)
+        (set(), "DEFAULT"),
+    ],
+)
+def test_cpu_capability_from_flags(flags, want):
+    assert kernels.cpu_capability(flags) == want
+
+
+def test_capability_cflags_match_the_capability():
+    assert "-DCPU_CAPABILITY_AVX2" in kernels.capability_cflags("AVX2")
+    assert "-mavx2" in kernels.capability_cflags("AVX2")
+    assert "-DCPU_CAPABILITY_AVX512" in kernels.capability_cflags("AVX512")
+    assert kernels.capability_cflags("DEFAULT") == []
+    with pytest.raises(ValueError, match="AVX512"):
+        kernels.capability_cflags("avx2")
+
+
+def test_last_level_cache_is_a_size_or_unknown():
+    size = kernels.last_level_cache_bytes()
+    assert size is None or size >= 2**16
+
+
+def test_source_excerpt_prints_marked_blocks():
+    assert "row_three_pass" in kernels.source_excerpt("three-pass")
+    assert "row_online" in kernels.source_excerpt("online")
+    with pytest.raises(KeyError, match="three-pass"):
+        kernels.source_excerpt("no-such-block")
+
+
+def test_build_rejects_bad_arguments(tmp_path):
+    with pytest.raises(ValueError, match="identifier"):
+        kernels.build(name="Bad Name")
+    with pytest.raises(ValueError, match="TORCH_LIBRARY"):
+        kernels.build("int main() { return 0; }")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        kernels.build(tmp_path / "missing.cpp")
+    with pytest.raises(TypeError, match="C\\+\\+ text"):
+        kernels.build(42)
+    with pytest.raises(ValueError, match="capability"):
+        kernels.build(capability="SSE")
+
+
+def test_compiler_errors_keep_the_error_lines():
+    log = "\n".join(["[1/2] c++ ... -c x.cpp", "x.cpp:3:5: error: 'foo' was not declared", "   3 |  foo();", "ok"])
+    text = kernels._compiler_errors(log)
+    assert "error: 'foo' was not declared" in text and "foo();" in text
+
+
+def test_ptxas_register_parsing():
+    log = (
+        "ptxas info    : Compiling entry function '_Z6kernelPf' for 'sm_90'\n"
+        "ptxas info    : Used 23 registers, used 1 barriers\n"
+    )
+    regs = kernels._ptxas_registers(log)
+    assert list(regs.values()) == [23]
+    assert "kernel" in next(iter(regs))
+
+
+def test_sweep_validates_input():
+    from utils.kernels import sweep
+
+    with pytest.raises(ValueError, match="at least one"):
+        sweep.softmax_sweep({}, [4], 64)
+    with pytest.raises(ValueError, match="row lengths"):
+        sweep.softmax_sweep({"torch": torch.softmax}, [0], 64)
+    with pytest.raises(ValueError, match="copy"):
+        sweep.softmax_sweep({"copy": torch.clone}, [4], 64)
+
+
+def test_sweep_reports_gbps_for_every_implementation():
+    from utils.kernels import sweep
+
+    rows = sweep.softmax_sweep({"torch": lambda t: torch.softmax(t, -1)}, [4, 16], 256, min_run_time=0.01,
+                               warmup=0, rounds=1, progress=False)
+    assert [r["n"] for r in rows] == [4, 16]
+    assert all(r["copy"] > 0 and r["torch"] > 0 for r in rows)
+    assert len(sweep.fraction_of_copy(rows, "torch")) == 2
+    with pytest.raises(KeyError, match="fused"):
+        sweep.fraction_of_copy(rows, "fused")
+
+
+def test_lab_checks_fail_clearly_on_stubs_and_wrong_formulas():
+    def stub():
+        raise NotImplementedError("TODO: write it")
+
+    with pytest.raises(LabCheckFailed, match="not written yet"):
+        lab06.check_inner_loop(stub)
+    with pytest.raises(LabCheckFailed, match="never reads x"):
+        lab06.check_inner_loop(lambda: "m = 0; s = 1;")
+    with pytest.raises(LabCheckFailed, match="keepdim"):
+        lab06.check_backward(lambda g, y: y * (g - (g * y).sum()))
+    lab06.check_backward(lambda g, y: y * (g - (g * y).sum(-1, keepdim=True)))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the compiled extension and the operator
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ext():
+    if not env.has("cxx"):
+        pytest.skip("no C++ compiler")
+    return kernels.build()
+
+
+@pytest.fixture(scope="module")
+def ops(ext):
+    from utils.kernels import ops as module
+
+    return module
+
+
+@needs_cxx
+def test_build_is_cached_and_reports_its_capability(ext):
+    assert kernels.build() is ext  # same source and flags: the same loaded build
+    assert ext.library.is_file()
+    assert ext.namespace.startswith("wb_softmax_")
+    assert f"cpu_capability={ext.capability}" in ext.build_info()
+
+
+@needs_cxx
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 2e-6), (torch.float64, 1e-12), (torch.bfloat16, 2**-8)])
+@pytest.mark.parametrize("algorithm", [0, 1, 2])
+@pytest.mark.parametrize("n", [1, 5, 8, 31, 64, 1000, 4099])
+def test_forward_matches_torch(ext, dtype, tol, algorithm, n):
+    g = torch.Generator().manual_seed(n)
+    x = (torch.randn(13, n, generator=g, dtype=torch.float64) * 4).to(dtype)
+    got = ext.ops.softmax_forward(x, algorithm)
+    want = torch.softmax(x.double(), dim=-1)
+    assert got.dtype == dtype and got.shape == x.shape
+    assert (got.double() - want).abs().max().item() <= tol
+
+
+@needs_cxx
+def test_naive_loop_matches_torch(ext):
+    x = torch.randn(9, 300)
+    torch.testing.assert_close(ext.ops.softmax_naive(x), torch.softmax(x, -1), atol=2e-6, rtol=0)
+
+
+@needs_cxx
+@pytest.mark.parametrize("algorithm", [1, 2])
+def test_masked_nan_and_extreme_rows_match_torch(ext, algorithm):
+    x = torch.randn(7, 100)
+    x[0, 40:] = -math.inf  # mask at the end
+    x[1, :90] = -math.inf  # mask first: the running max starts at -inf
+    x[2] = -math.inf  # fully masked: torch gives NaN
+    x[3, 5] = math.nan
+    x[4, 6] = math.inf  # torch gives NaN for the whole row
+    x[5] *= 1e4
+    got = ext.ops.softmax_forward(x, algorithm)
+    torch.testing.assert_close(got, torch.softmax(x, -1), atol=2e-6, rtol=0, equal_nan=True)
+
+
+@needs_cxx
+@pytest.mark.parametrize("shape", [(0, 8), (4, 0), (0,), (1, 1), (3, 1)])
+def test_empty_and_one_element_rows(ops, shape):
+    x = torch.randn(shape)
+    got = ops.softmax(x)
+    assert got.shape == x.shape
+    torch.testing.assert_close(got, torch.softmax(x, -1))
+
+
+@needs_cxx
+def test_operator_handles_strides_and_other_dims(ops):
+    x = torch.randn(20, 30, 6).transpose(1, 2)  # non-contiguous
+    torch.testing.assert_close(ops.softmax(x), torch.softmax(x, -1), atol=2e-6, rtol=0)
+    torch.testing.assert_close(ops.fused_softmax(x, dim=0), torch.softmax(x, 0), atol=2e-6, rtol=0)
+    torch.testing.assert_close(ops.fused_softmax(x, dim=1), torch.softmax(x, 1), atol=2e-6, rtol=0)
+
+
+@needs_cxx
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: torch.arange(6, dtype=torch.int32), "expected x of dtype float32, float64 or bfloat16, got Int"),
+        (lambda: torch.ones(2, 3, dtype=torch.float16), "got Half"),
+        (lambda: torch.tensor(1.0), "at least 1 dimension"),
+    ],
+)
+def test_bad_input_errors_say_what_was_expected(ops, make, message):
+    with pytest.raises(RuntimeError, match=message):
+        ops.softmax(make())
+
+
+@needs_cxx
+def test_raw_kernel_errors(ext, ops):
+    with pytest.raises(RuntimeError, match="expected a contiguous x.*call .contiguous"):
+        ext.ops.softmax_forward(torch.ones(4, 6).t(), 0)
+    with pytest.raises(RuntimeError, match="algorithm must be 0"):
+        ext.ops.softmax_forward(torch.ones(2, 3), 3)
+    with pytest.raises(RuntimeError, match="same shape"):
+        ext.ops.softmax_backward(torch.ones(3, 4), torch.ones(3, 5))
+    with pytest.raises(RuntimeError, match="same dtype"):
+        ext.ops.softmax_backward(torch.ones(3, 4), torch.ones(3, 4, dtype=torch.float64))
+    with pytest.raises(ValueError, match="0-d"):
+        ops.fused_softmax(torch.tensor(2.0))
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        ops.fused_softmax([1.0, 2.0])
+
+
+@needs_cxx
+def test_backward_kernel_matches_autograd(ext):
+    x = torch.randn(6, 77, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(6, 77, dtype=torch.float64)
+    y = torch.softmax(x, -1)
+    (want,) = torch.autograd.grad(y, x, g)
+    torch.testing.assert_close(ext.ops.softmax_backward(g, y.detach()), want)
+
+
+@needs_cxx
+def test_opcheck_passes(ops):
+    for x in (torch.randn(8, 33, requires_grad=True), torch.randn(3, 8, 5).transpose(1, 2),
+              torch.randn(2, 4, 9, dtype=torch.float64, requires_grad=True)):
+        result = torch.library.opcheck(ops.softmax, (x,))
+        assert all(v == "SUCCESS" for v in result.values()), result
+
+
+@needs_cxx
+def test_gradcheck_float64(ext, ops):
+    x = torch.randn(4, 13, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(ops.softmax, (x,))
+    assert torch.autograd.gradcheck(ops.autograd_function(ext).apply, (x,))
+
+
+@needs_cxx
+def test_custom_op_compiles_fullgraph_and_autograd_function_does_not(ext, ops):
+    x = torch.randn(4, 16)
+    fn = torch.compile(lambda t: ops.softmax(t * 2), fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(fn(x), torch.softmax(x * 2, -1), atol=2e-6, rtol=0)
+    legacy = ops.autograd_function(ext)
+    strict = torch.compile(lambda t: legacy.apply(t * 2), fullgraph=True, backend="aot_eager")
+    with pytest.raises(Exception, match="fake tensors"):
+        strict(x)
+
+
+@needs_cxx
+def test_export_keeps_the_operator(ops):
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return ops.softmax(x)
+
+    ep = torch.export.export(M(), (torch.randn(3, 8),))
+    targets = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
+    assert targets == ["workbook.softmax.default"]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# CUDA: compile check where nvcc exists, the kernel where a GPU does
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_compile_check_rejects_bad_arch():
+    if not env.has("nvcc"):
+        pytest.skip("no nvcc")
+    with pytest.raises(ValueError, match="compute capability"):
+        kernels.compile_check_cuda(arch="sm_90")
+
+
+@pytest.mark.skipif(not env.has("nvcc"), reason="no nvcc")
+def test_cuda_source_compiles_with_nvcc():
+    result = kernels.compile_check_cuda()
+    assert result.ok, result.log[-3000:]
+    assert any("softmax_forward_warp<float, 4>" in k for k in result.registers), sorted(result.registers)
+
+
+@pytest.mark.skipif(not (env.has("cuda") and env.has("nvcc")), reason="needs a CUDA GPU and nvcc")
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.float16, 2**-10), (torch.bfloat16, 2**-7)])
+@pytest.mark.parametrize("n", [1, 7, 256, 1024, 1025, 4099, 32768])
+def test_cuda_kernel_matches_torch(dtype, tol, n):
+    from utils.kernels import ops
+
+    x = (torch.randn(65, n, device="cuda") * 4).to(dtype)
+    x[0, : n // 2] = -math.inf
+    x[1] = -math.inf
+    got = ops.softmax(x)
+    want = torch.softmax(x.double(), -1)
+    torch.testing.assert_close(got.double(), want, atol=tol, rtol=0, equal_nan=True)
+    g = torch.randn_like(x)
+    y = want.to(dtype)
+    torch.testing.assert_close(ops.softmax_backward(g, y).double(),
+                               (y.double() * (g.double() - (g.double() * y.double()).sum(-1, keepdim=True))),
+                               atol=tol * 4, rtol=tol * 4, equal_nan=True)

@@ -1,0 +1,106 @@
+"""Unit tests for utils.onnx_tools (lesson 04): export, sessions, parity, inspection, bad input."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+onnx = pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+from utils import onnx_tools as ot  # noqa: E402
+
+
+class Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x)) * 2.0
+
+
+@pytest.fixture(scope="module")
+def tiny_onnx(tmp_path_factory):
+    path = tmp_path_factory.mktemp("onnx") / "tiny.onnx"
+    model = Tiny().eval()
+    ot.export_model(model, (torch.randn(2, 8),), path, input_names=["x"], output_names=["y"],
+                    dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}})
+    return model, path
+
+
+@pytest.fixture(scope="module")
+def minilm_onnx(tmp_path_factory):
+    from utils.models import minilm
+
+    tok, model = minilm("eager")
+    path = ot.export_minilm(tmp_path_factory.mktemp("minilm") / "minilm.onnx")
+    return tok, model, path
+
+
+def test_export_model_and_parity_dynamic_batch(tiny_onnx):
+    model, path = tiny_onnx
+    ot.check_model(path)
+    sess = ot.ort_session(path, threads=1)
+    samples = [(torch.randn(b, 8),) for b in (1, 3, 17)]
+    err = ot.parity(model, sess, samples)
+    assert 0 <= err < 1e-5
+
+
+def test_parity_raises_clear_error_out_of_tolerance(tiny_onnx):
+    model, path = tiny_onnx
+    sess = ot.ort_session(path)
+    with pytest.raises(ot.ParityError, match="parity failed on sample 0"):
+        ot.parity(lambda x: model(x) + 0.01, sess, torch.randn(2, 8))
+    with pytest.raises(ValueError, match="expects 1 inputs"):
+        ot.parity(model, sess, (torch.randn(2, 8), torch.randn(2, 8)))
+    with pytest.raises(ValueError, match="atol and rtol"):
+        ot.parity(model, sess, torch.randn(2, 8), atol=-1)
+
+
+def test_ort_session_bad_input(tiny_onnx, tmp_path):
+    _, path = tiny_onnx
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        ot.ort_session(tmp_path / "missing.onnx")
+    with pytest.raises(ValueError, match="level must be one of"):
+        ot.ort_session(path, level="max")
+    with pytest.raises(ValueError, match="threads"):
+        ot.ort_session(path, threads=0)
+    with pytest.raises(ValueError, match="not available"):
+        ot.ort_session(path, providers=["NoSuchExecutionProvider"])
+
+
+def test_inspection_helpers(tiny_onnx, tmp_path):
+    _, path = tiny_onnx
+    hist = ot.op_histogram(path)
+    assert hist["Relu"] == 1 and ot.node_count(path) == sum(hist.values())
+    assert ot.onnx_size_bytes(path) == path.stat().st_size
+    opt = ot.optimized_graph(path, tmp_path / "opt.onnx", level="basic")
+    assert len(opt.graph.node) <= ot.node_count(path)
+
+
+def test_export_minilm_dynamic_axes_and_parity(minilm_onnx):
+    tok, model, path = minilm_onnx
+    sess = ot.ort_session(path, threads=2)
+    assert [i.name for i in sess.get_inputs()] == list(ot.MINILM_INPUTS)
+    assert all(i.type == "tensor(int64)" for i in sess.get_inputs())
+    assert [o.name for o in sess.get_outputs()] == ["last_hidden_state"]
+    assert sess.get_inputs()[0].shape == ["batch", "sequence"]
+    samples = [ot.minilm_inputs(tok, ["hi"]), ot.minilm_inputs(tok, ["a", "a longer sentence about runtimes", "c"])]
+    assert ot.parity(model, sess, samples) < 1e-4
+
+
+def test_export_minilm_bad_input(tmp_path):
+    with pytest.raises(ValueError, match=r"\.onnx"):
+        ot.export_minilm(tmp_path / "model.pt")
+    with pytest.raises(ValueError, match="opset"):
+        ot.export_minilm(tmp_path / "m.onnx", opset=3)
+    with pytest.raises(TypeError, match="str or os.PathLike"):
+        ot.export_minilm(123)
+
+
+def test_parity_accepts_numpy_inputs(tiny_onnx):
+    model, path = tiny_onnx
+    sess = ot.ort_session(path)
+    x = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+    assert ot.parity(lambda t: model(torch.as_tensor(t)), sess, x) < 1e-5

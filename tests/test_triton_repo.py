@@ -1,0 +1,158 @@
+"""utils.triton_repo (lesson 05): configs from the schema, repository layout, clear errors; and utils.data."""
+
+import numpy as np
+import pytest
+
+from utils import triton_repo as tr
+from utils.data import labeled_sentences
+
+
+def test_model_config_round_trips_through_pbtxt():
+    cfg = tr.encoder_config("enc", max_batch_size=16, intra_op_threads=2, allow_spinning=False, instance_count=2,
+                            dynamic_batching={"preferred_batch_size": [4, 8], "max_queue_delay_microseconds": 100})
+    text = tr.to_pbtxt(cfg)
+    back = tr.parse_pbtxt(text)
+    assert back == cfg
+    assert back.backend == "python" and back.max_batch_size == 16
+    assert list(back.dynamic_batching.preferred_batch_size) == [4, 8]
+    assert back.dynamic_batching.max_queue_delay_microseconds == 100
+    assert back.instance_group[0].count == 2
+    assert back.parameters["intra_op_threads"].string_value == "2"
+    assert back.parameters["allow_spinning"].string_value == "0"
+    assert [t.name for t in back.input] == ["input_ids", "attention_mask", "token_type_ids"]
+    assert list(back.output[0].dims) == [-1, tr.HIDDEN_SIZE]
+
+
+def test_batching_off_has_no_block_and_platform_variant_has_no_python():
+    off = tr.encoder_config("enc", dynamic_batching=None)
+    assert not off.HasField("dynamic_batching")
+    full = tr.encoder_config("enc", platform=True, dynamic_batching=True)
+    assert full.platform == "onnxruntime_onnx" and not full.backend
+    assert not full.parameters and full.HasField("dynamic_batching")
+
+
+def test_parse_rejects_unknown_field_with_its_name():
+    with pytest.raises(ValueError, match="max_batch_sise"):
+        tr.parse_pbtxt('name: "x"\nmax_batch_sise: 4\n')
+    with pytest.raises(TypeError, match="str"):
+        tr.parse_pbtxt(b"name: 'x'")
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(max_batch_size=-1), "max_batch_size"),
+        (dict(max_batch_size=0, dynamic_batching=True), "needs max_batch_size > 0"),
+        (dict(max_batch_size=4, dynamic_batching={"preferred_batch_size": [8]}), "preferred_batch_size"),
+        (dict(max_batch_size=4, dynamic_batching={"max_queue_delay": 5}), "unknown dynamic_batching key"),
+        (dict(max_batch_size=4, dynamic_batching={"max_queue_delay_microseconds": -1}), "max_queue_delay"),
+        (dict(instance_count=0), "instance_count"),
+        (dict(kind="KIND_TPU"), "KIND_CPU"),
+        (dict(version_policy="newest"), "version_policy"),
+        (dict(version_policy=[0]), "version_policy"),
+        (dict(platform="onnxruntime_onnx"), "exactly one of backend"),
+    ],
+)
+def test_model_config_bad_input(kwargs, message):
+    base = dict(inputs=[("X", "FP32", [4])], outputs=[("Y", "FP32", [4])])
+    with pytest.raises(ValueError, match=message):
+        tr.model_config("m", **{**base, **kwargs})
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [(("X", "FLOAT", [1]), "unknown dtype"), (("X", "FP32", []), "dims"), (("X", "FP32", [0]), "dims"),
+     (("", "FP32", [1]), "name")],
+)
+def test_tensor_bad_input(spec, message):
+    with pytest.raises(ValueError, match=message):
+        tr.tensor(*spec)
+
+
+def test_version_policies():
+    base = dict(inputs=[("X", "FP32", [1])], outputs=[("Y", "FP32", [1])])
+    assert tr.model_config("m", version_policy="all", **base).version_policy.HasField("all")
+    assert tr.model_config("m", version_policy="latest:2", **base).version_policy.latest.num_versions == 2
+    assert list(tr.model_config("m", version_policy=[1, 3], **base).version_policy.specific.versions) == [1, 3]
+
+
+def test_ensemble_checks_tensor_wiring():
+    good = tr.pipeline_config("ens", num_classes=4)
+    assert good.platform == "ensemble"
+    steps = good.ensemble_scheduling.step
+    assert [s.model_name for s in steps] == ["preprocess", "encoder", "postprocess"]
+    assert steps[2].model_version == -1
+    assert tr.pipeline_config("e", num_classes=4, encoder="encoder_x2").ensemble_scheduling.step[1].model_name == \
+        "encoder_x2"
+    with pytest.raises(ValueError, match="no earlier step"):
+        tr.ensemble_config("e", max_batch_size=4, inputs=[("A", "FP32", [1])], outputs=[("B", "FP32", [1])],
+                           steps=[{"model": "m", "input_map": {"x": "MISSING"}, "output_map": {"y": "B"}}])
+    with pytest.raises(ValueError, match="produced by no step"):
+        tr.ensemble_config("e", max_batch_size=4, inputs=[("A", "FP32", [1])], outputs=[("B", "FP32", [1])],
+                           steps=[{"model": "m", "input_map": {"x": "A"}, "output_map": {"y": "C"}}])
+
+
+@pytest.fixture
+def assets(tmp_path):
+    onnx = tmp_path / "model.onnx"
+    onnx.write_bytes(b"not really onnx")
+    tok = tmp_path / "tokenizer.json"
+    tok.write_text("{}")
+    rng = np.random.default_rng(0)
+    clf = tr.write_classifier(tmp_path / "clf.npz", rng.normal(size=(tr.HIDDEN_SIZE, 3)), np.zeros(3), ["a", "b", "c"])
+    return onnx, tok, clf
+
+
+def test_build_pipeline_layout(tmp_path, assets):
+    onnx, tok, clf = assets
+    repo = tmp_path / "repo"
+    folders = tr.build_pipeline(repo, onnx_path=onnx, tokenizer_json=tok, classifiers={1: clf, 2: clf}, num_classes=3,
+                                version_policy=[1, 2], dynamic_batching=True, seq_len=16)
+    assert set(folders) == {"preprocess", "encoder", "postprocess", "ensemble"}
+    assert (repo / "encoder" / "1" / "model.onnx").resolve() == onnx.resolve()
+    assert (repo / "postprocess" / "2" / "classifier.npz").is_file()
+    assert "TritonPythonModel" in (repo / "preprocess" / "1" / "model.py").read_text()
+    configs = tr.repository_configs(repo)
+    assert set(configs) == set(folders)
+    assert list(configs["postprocess"].version_policy.specific.versions) == [1, 2]
+    assert list(configs["preprocess"].output[0].dims) == [16]
+    # rebuilding replaces the folders (no stale versions), the full-container variant has no model.py
+    tr.build_pipeline(repo, onnx_path=onnx, tokenizer_json=tok, classifiers={2: clf}, num_classes=3,
+                      encoder_platform=True)
+    assert not (repo / "postprocess" / "1").exists()
+    assert sorted(p.name for p in (repo / "encoder" / "1").iterdir()) == ["model.onnx"]
+    assert tr.read_config(repo / "encoder").platform == "onnxruntime_onnx"
+
+
+def test_build_pipeline_missing_file(tmp_path, assets):
+    onnx, tok, clf = assets
+    with pytest.raises(FileNotFoundError, match="onnx_path"):
+        tr.build_pipeline(tmp_path / "r", onnx_path=tmp_path / "nope.onnx", tokenizer_json=tok, classifiers={1: clf},
+                          num_classes=3)
+    with pytest.raises(FileNotFoundError, match="config.pbtxt"):
+        tr.read_config(tmp_path)
+
+
+def test_write_classifier_without_pickle(tmp_path):
+    path = tr.write_classifier(tmp_path / "c.npz", np.ones((4, 2)), np.zeros(2), ["x", "y"])
+    with np.load(path, allow_pickle=False) as data:
+        assert data["weight"].dtype == np.float32 and data["labels"].tolist() == ["x", "y"]
+    with pytest.raises(ValueError, match="expected weight"):
+        tr.write_classifier(tmp_path / "d.npz", np.ones((4, 2)), np.zeros(3), ["x", "y"])
+
+
+def test_write_model_rejects_bad_version(tmp_path):
+    cfg = tr.model_config("m", inputs=[("X", "FP32", [1])], outputs=[("Y", "FP32", [1])])
+    with pytest.raises(ValueError, match="positive ints"):
+        tr.write_model(tmp_path, cfg, {0: {"model.py": ""}})
+
+
+def test_labeled_sentences_splits():
+    texts, labels, classes = labeled_sentences()
+    train, train_y, _ = labeled_sentences("train")
+    test, test_y, _ = labeled_sentences("test")
+    assert len(texts) == 240 and classes == sorted(set(labels)) and len(classes) == 4
+    assert len(train) + len(test) == len(texts) and not set(train) & set(test)
+    assert all(test_y.count(c) == len(test) // 4 for c in classes)
+    with pytest.raises(ValueError, match="split"):
+        labeled_sentences("validation")

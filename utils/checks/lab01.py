@@ -1,0 +1,249 @@
+"""Checks for labs/01_inference_modes_lab.ipynb (lesson 01: a correct, fast predict and a batch-size benchmark).
+
+Each check builds its own small models and inputs, calls the learner's function through utils.labs.call (so a TODO
+stub fails with a clear message), and compares with utils.inference, the lesson's reference helpers.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import statistics
+import time
+
+from utils import inference
+from utils.labs import LabCheckFailed, call, expect, passed
+
+
+def _recording(inner):
+    """Wrap a module so that every forward call records its batch size, input device, autograd state, mode and
+    duration (the same calls the learner times, so the comparison holds however loaded the machine is)."""
+    import torch
+
+    class Recording(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = inner
+            self.calls = []
+
+        def forward(self, x):
+            t0 = time.perf_counter()
+            out = self.inner(x)
+            self.calls.append({
+                "batch": int(x.shape[0]),
+                "device": x.device,
+                "grad_enabled": torch.is_grad_enabled(),
+                "training": self.training,
+                "ms": (time.perf_counter() - t0) * 1e3,
+            })
+            return out
+
+    return Recording()
+
+
+def _images(n, seed=0, size=32):
+    import torch
+
+    return torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(seed))
+
+
+def check_predict_correct(predict) -> None:
+    """predict(model, x, max_batch) matches the reference on a model left in train mode, with a CPU float output."""
+    import torch
+
+    model = inference.tiny_cnn(seed=1)  # train mode on purpose: Dropout and BatchNorm must be switched off
+    reference = inference.predict(copy.deepcopy(model), _images(10), max_batch=4)
+    got = call(predict, model, _images(10), max_batch=4, what="predict(model, x, max_batch=4)")
+    expect(torch.is_tensor(got), f"predict should return a torch.Tensor, got {type(got).__name__}")
+    expect(tuple(got.shape) == tuple(reference.shape),
+           f"predict returned shape {tuple(got.shape)}, expected {tuple(reference.shape)} (one row per input image)")
+    expect(got.device.type == "cpu", f"predict should return its outputs on the CPU, got {got.device}")
+    again = call(predict, inference.tiny_cnn(seed=1), _images(10), max_batch=4, what="predict(model, x, max_batch=4)")
+    if not torch.equal(got, again):
+        raise LabCheckFailed("two predict() calls on the same model and input gave different outputs: Dropout is still "
+                             "active. Call model.eval() before running the model.")
+    err = (got.float() - reference).abs().max().item()
+    expect(err <= 1e-5, f"predict differs from the reference by up to {err:.3g} (expected <= 1e-5): is BatchNorm "
+                        "using the running statistics (model.eval()) and are the chunks concatenated in order?")
+    passed("predict is correct", f"max |diff| vs reference {err:.2g}")
+
+
+def check_no_graph(predict) -> None:
+    """predict builds no autograd graph: nothing is saved for backward and the output has no grad_fn."""
+    import torch
+
+    model = inference.tiny_cnn(seed=2).eval()
+    expect(all(p.requires_grad for p in model.parameters()), "internal: the check model should require grad")
+    packed = []
+
+    def pack(t):
+        packed.append(t.shape)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = call(predict, model, _images(6), max_batch=3, what="predict(model, x, max_batch=3)")
+    expect(torch.is_tensor(out), f"predict should return a torch.Tensor, got {type(out).__name__}")
+    expect(not packed, f"autograd saved {len(packed)} tensors for backward during predict: run the model inside "
+                       "`with torch.inference_mode():` (or torch.no_grad()), not just .detach() the result")
+    expect(out.grad_fn is None and not out.requires_grad,
+           f"the output still belongs to an autograd graph (grad_fn={out.grad_fn}): use torch.inference_mode()")
+    passed("no autograd graph", "0 tensors saved for backward, the output has no grad_fn")
+
+
+def check_batching(predict) -> None:
+    """The model never sees more than max_batch images at once, every image is processed once, in order."""
+    import torch
+
+    inner = inference.tiny_cnn(seed=3).eval()
+    x = _images(37, seed=3)
+    reference = inference.predict(copy.deepcopy(inner), x, max_batch=37)
+    rec = _recording(inner)
+    got = call(predict, rec, x, max_batch=8, what="predict(model, x, max_batch=8)")
+    sizes = [c["batch"] for c in rec.calls]
+    expect(sizes, "predict never called the model")
+    expect(max(sizes) <= 8, f"with max_batch=8 the model saw batches of {sizes}: split x into chunks of at most 8 "
+                            "(x.split(max_batch)) and run them one after another")
+    expect(sum(sizes) == 37, f"the model saw {sum(sizes)} images in batches {sizes}, but x has 37")
+    expect(torch.is_tensor(got) and tuple(got.shape) == (37, 10),
+           f"predict should return all 37 rows, got {getattr(got, 'shape', type(got).__name__)}")
+    err = (got.float() - reference).abs().max().item()
+    expect(err <= 1e-5, f"outputs differ from the reference by {err:.3g}: concatenate the chunks in their order")
+    rec.calls.clear()
+    call(predict, rec, x[:5], max_batch=64, what="predict(model, x[:5], max_batch=64)")
+    expect([c["batch"] for c in rec.calls] == [5],
+           f"5 images with max_batch=64 should be one call of 5, got {[c['batch'] for c in rec.calls]}")
+    for bad in (0, -1):
+        try:
+            predict(rec, x[:2], max_batch=bad)
+        except NotImplementedError:
+            raise LabCheckFailed("predict() is not written yet: fill in its TODO") from None
+        except ValueError as exc:
+            expect(str(bad) in str(exc), f"the ValueError for max_batch={bad} should show the value, got: {exc}")
+        else:
+            raise LabCheckFailed(f"predict(..., max_batch={bad}) should raise ValueError (max_batch must be >= 1)")
+    passed("batching", f"37 images with max_batch=8 ran as batches {sizes}")
+
+
+def check_validation(predict) -> None:
+    """Bad input raises TypeError/ValueError naming what came, before the model runs."""
+    import numpy as np
+    import torch
+
+    rec = _recording(inference.tiny_cnn(seed=4).eval())
+    cases = [
+        ("a single image without batch dimension", torch.randn(3, 32, 32), (ValueError,), "(3, 32, 32)"),
+        ("a channels-last batch", torch.randn(2, 32, 32, 3), (ValueError,), "(2, 32, 32, 3)"),
+        ("an empty batch", torch.randn(0, 3, 32, 32), (ValueError,), "(0, 3, 32, 32)"),
+        ("uint8 pixels", torch.randint(0, 255, (2, 3, 32, 32), dtype=torch.uint8), (TypeError, ValueError), "uint8"),
+        ("a NumPy array", np.zeros((2, 3, 32, 32), dtype=np.float32), (TypeError,), "ndarray"),
+    ]
+    for label, bad, errors, shown in cases:
+        rec.calls.clear()
+        try:
+            predict(rec, bad, max_batch=4)
+        except NotImplementedError:
+            raise LabCheckFailed("predict() is not written yet: fill in its TODO and run this cell again") from None
+        except errors as exc:
+            forms = (shown, "[" + shown[1:-1] + "]") if shown.startswith("(") else (shown,)
+            expect(any(f in str(exc) for f in forms),
+                   f"for {label} the {type(exc).__name__} should say what came ({shown!r}); yours says: {exc}")
+        except Exception as exc:
+            raise LabCheckFailed(f"for {label} predict should raise {' or '.join(e.__name__ for e in errors)} "
+                                 f"with a clear message, it raised {type(exc).__name__}: {exc}") from None
+        else:
+            raise LabCheckFailed(f"predict accepted {label}; it should raise "
+                                 f"{' or '.join(e.__name__ for e in errors)} naming {shown!r}")
+        expect(not rec.calls, f"for {label} the model ran before the error: validate x first")
+    passed("input validation", f"{len(cases)} bad inputs rejected with clear messages before the model ran")
+
+
+def check_device_placement(predict) -> None:
+    """predict moves each chunk to the model's device (tested with the data-less 'meta' device, and CUDA if present)."""
+    import torch
+
+    class MetaModel(torch.nn.Module):
+        """Parameters on 'meta' (shape, no data); forward returns CPU zeros, so any CPU machine can run it."""
+
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.empty(10, 3, device="meta"))
+
+        def forward(self, x):
+            return torch.zeros(x.shape[0], 10)
+
+    rec = _recording(MetaModel())
+    call(predict, rec, _images(5), max_batch=2, what="predict(meta_model, x, max_batch=2)")
+    devices = sorted({str(c["device"]) for c in rec.calls})
+    expect(devices == ["meta"], f"the model's parameters are on 'meta' but it received inputs on {devices}: move each "
+                                "chunk to next(model.parameters()).device before calling the model")
+    detail = "inputs follow the model to 'meta'"
+    if torch.cuda.is_available():
+        model = inference.tiny_cnn(seed=5).eval()
+        reference = inference.predict(copy.deepcopy(model), _images(4), max_batch=2)
+        got = call(predict, model.to("cuda"), _images(4), max_batch=2, what="predict(cuda_model, x)")
+        expect(got.device.type == "cpu", f"predict should return CPU outputs, got {got.device}")
+        err = (got - reference).abs().max().item()
+        expect(err <= 1e-4, f"on CUDA predict differs from the CPU reference by {err:.3g}")
+        detail += " and to CUDA"
+    passed("device placement", detail)
+
+
+def check_benchmark(benchmark_batches, batch_sizes=(1, 4, 16), image_size: int = 32) -> dict:
+    """benchmark_batches(model, batch_sizes, image_size) returns {bs: {"latency_ms", "images_per_s"}} measured in
+    eval mode without autograd, for every batch size; each latency matches the model calls it actually timed."""
+    inner = inference.tiny_cnn(seed=6)
+    rec = _recording(inner)
+    results = call(benchmark_batches, rec, list(batch_sizes), image_size=image_size,
+                   what="benchmark_batches(model, batch_sizes, image_size)")
+    expect(isinstance(results, dict), f"benchmark_batches should return a dict, got {type(results).__name__}")
+    expect(sorted(results) == sorted(batch_sizes),
+           f"expected one entry per batch size {sorted(batch_sizes)}, got keys {sorted(results)}")
+    seen = {c["batch"] for c in rec.calls}
+    missing = sorted(set(batch_sizes) - seen)
+    expect(not missing, f"the model never ran a batch of {missing}: build an input of each batch size")
+    expect(not any(c["grad_enabled"] for c in rec.calls),
+           "the model ran with autograd enabled: time it inside torch.inference_mode() like a served model")
+    expect(not any(c["training"] for c in rec.calls), "the model ran in train mode: call model.eval() first")
+    for bs, entry in results.items():
+        expect(isinstance(entry, dict) and {"latency_ms", "images_per_s"} <= set(entry),
+               f"results[{bs}] should be a dict with 'latency_ms' and 'images_per_s', got {entry!r}")
+        lat, ips = entry["latency_ms"], entry["images_per_s"]
+        expect(all(isinstance(v, int | float) and math.isfinite(v) and v > 0 for v in (lat, ips)),
+               f"results[{bs}] should hold positive numbers, got {entry!r}")
+        expect(abs(ips * lat / 1e3 - bs) <= 0.02 * bs,
+               f"results[{bs}]: {ips:.1f} images/s at {lat:.3f} ms per batch of {bs} is inconsistent: "
+               "images_per_s = batch size / (latency in seconds)")
+    for bs in batch_sizes:
+        durations = [c["ms"] for c in rec.calls if c["batch"] == bs]
+        low, high = statistics.median(durations) / 3, statistics.fmean(durations) * 3
+        expect(low <= results[bs]["latency_ms"] <= high,
+               f"results[{bs}]['latency_ms'] = {results[bs]['latency_ms']:.3f} ms, but the {len(durations)} model calls "
+               f"of batch {bs} that your benchmark made took {statistics.median(durations):.3f} ms (median) to "
+               f"{statistics.fmean(durations):.3f} ms (mean) each: report the time of ONE call in milliseconds "
+               "(bench.measure(...).median_ms)")
+    passed("batch-size benchmark", ", ".join(f"bs {bs}: {results[bs]['images_per_s']:.0f} img/s"
+                                             for bs in sorted(results)))
+    return results
+
+
+def check_pick_batch_size(pick_batch_size) -> None:
+    """The highest-throughput batch size whose latency fits the budget; ValueError naming the budget when none fits."""
+    table = {
+        1: {"latency_ms": 10.0, "images_per_s": 100.0},
+        8: {"latency_ms": 40.0, "images_per_s": 200.0},
+        16: {"latency_ms": 70.0, "images_per_s": 228.0},
+        32: {"latency_ms": 150.0, "images_per_s": 213.0},
+    }
+    for budget, want in ((100.0, 16), (40.0, 8), (1000.0, 16), (10.0, 1)):
+        got = call(pick_batch_size, table, budget, what=f"pick_batch_size(results, {budget})")
+        expect(got == want, f"with a {budget:g} ms budget the best batch size is {want} (highest images/s among those "
+                            f"with latency <= budget), got {got!r}")
+    try:
+        pick_batch_size(table, 5.0)
+    except NotImplementedError:
+        raise LabCheckFailed("pick_batch_size() is not written yet: fill in its TODO") from None
+    except ValueError as exc:
+        expect("5" in str(exc), f"the ValueError should name the budget (5 ms), got: {exc}")
+    else:
+        raise LabCheckFailed("pick_batch_size(results, 5.0) should raise ValueError: no batch size fits 5 ms")
+    passed("pick_batch_size", "budgets 100/40/1000/10 ms -> 16/8/16/1; 5 ms rejected")

@@ -1,0 +1,148 @@
+"""Checks for labs/02_graphs_lab.ipynb (lesson 02: torch.cond, torch.export with a dynamic batch, scripting a loop)."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from utils import env, graphs
+from utils.labs import LabCheckFailed, call, expect, passed
+
+ATOL, RTOL = 1e-5, 1e-5
+
+
+def _branch_inputs(batch: int, dim: int = 8, seed: int = 0) -> dict[str, torch.Tensor]:
+    """One input per branch of GatedMLP: mean > 0 takes the ReLU path, mean < 0 the tanh path."""
+    base = torch.rand(batch, dim, generator=torch.Generator().manual_seed(seed)) + 0.1
+    return {"relu (mean > 0)": base, "tanh (mean < 0)": -base}
+
+
+def _todo_inside(exc: BaseException) -> bool:
+    """True when an error comes from a TODO stub (directly, chained, or re-raised by the TorchScript interpreter)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, NotImplementedError) or "NotImplementedError" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _parity(fn, reference, inputs: dict[str, torch.Tensor], what: str) -> float:
+    worst = 0.0
+    for name, x in inputs.items():
+        with torch.no_grad():
+            want = reference(x)
+            got = call(fn, x, what=what)
+        expect(
+            isinstance(got, torch.Tensor) and got.shape == want.shape,
+            f"{what} on the {name} branch should return a tensor of shape {tuple(want.shape)}, "
+            f"got {type(got).__name__} {tuple(getattr(got, 'shape', ()))}",
+        )
+        err = (got - want).abs().max().item()
+        expect(
+            torch.allclose(got, want, atol=ATOL, rtol=RTOL),
+            f"{what} differs from GatedMLP on the {name} branch at batch {x.shape[0]}: max abs error {err:.2e} "
+            f"(atol {ATOL}). Does each torch.cond branch compute exactly what the matching `if` branch does?",
+        )
+        worst = max(worst, err)
+    return worst
+
+
+def check_cond_model(cond_cls) -> None:
+    """Your torch.cond rewrite of GatedMLP gives the same results as GatedMLP on both branches, and exports."""
+    model = call(cond_cls, what=f"{getattr(cond_cls, '__name__', 'your class')}()")
+    expect(isinstance(model, graphs.GatedMLP), "the class should subclass graphs.GatedMLP so it shares its weights")
+    model.eval()
+    reference = graphs.GatedMLP()
+    worst = _parity(model, reference, _branch_inputs(4), "your model (eager)")
+    try:
+        with graphs.quiet_torch_logs():
+            program = torch.export.export(model, (_branch_inputs(4)["relu (mean > 0)"],))
+    except Exception as exc:
+        if _todo_inside(exc):
+            raise LabCheckFailed("forward() is not written yet: fill in its TODO and run this cell again.") from None
+        raise LabCheckFailed(
+            f"torch.export still fails on your forward: {graphs.first_line(exc)}. "
+            "Replace the Python `if` on a tensor with torch.cond(pred, true_fn, false_fn, (x,))."
+        ) from None
+    expect(
+        "torch.ops.higher_order.cond" in program.graph_module.code,
+        "the exported graph has no torch.ops.higher_order.cond: export picked one branch. Use torch.cond so that "
+        "both branches are captured.",
+    )
+    passed("torch.cond rewrite", f"both branches match GatedMLP (max abs error {worst:.1e}) and export keeps the cond")
+
+
+def check_export(export_fn, cond_cls) -> None:
+    """Your export function returns an ExportedProgram with a dynamic batch: parity on both branches at batch 3 and
+    11 (the example has batch 4), also after a save/load round trip through a .pt2 file."""
+    model = call(cond_cls, what=f"{getattr(cond_cls, '__name__', 'your class')}()").eval()
+    example = _branch_inputs(4)["relu (mean > 0)"]
+    try:
+        with graphs.quiet_torch_logs():
+            program = export_fn(model, example)
+    except NotImplementedError as exc:
+        raise LabCheckFailed(f"export_gated() or forward() is not written yet ({exc}). Fill in the TODO.") from None
+    except Exception as exc:
+        if _todo_inside(exc):
+            raise LabCheckFailed("forward() is not written yet: fill in its TODO first.") from None
+        raise LabCheckFailed(f"export_gated() raised {graphs.first_line(exc)}") from None
+    expect(
+        isinstance(program, torch.export.ExportedProgram),
+        f"export_gated() should return torch.export.export(...)'s ExportedProgram, got {type(program).__name__}",
+    )
+    path = env.build_dir() / "labs" / "02_gated_mlp.pt2"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.export.save(program, str(path))
+    reloaded = torch.export.load(str(path))
+    reference = graphs.GatedMLP()
+    worst = 0.0
+    for batch in (3, 11):
+        for name, prog in (("exported", program), ("reloaded .pt2", reloaded)):
+            try:
+                worst = max(worst, _parity(prog.module(), reference, _branch_inputs(batch, seed=batch), f"the {name} program"))
+            except LabCheckFailed:
+                raise
+            except Exception as exc:
+                raise LabCheckFailed(
+                    f"the {name} program rejects batch {batch}: {graphs.first_line(exc)}. The batch dimension is "
+                    "specialized to the example's size: pass dynamic_shapes={'x': {0: torch.export.Dim('batch')}}."
+                ) from None
+    passed("dynamic-batch export", f"batches 3 and 11, both branches, after a .pt2 round trip (max abs error {worst:.1e})")
+
+
+def check_scripted_loop(loop_cls) -> None:
+    """Your Repeat module scripts with torch.jit.script, keeps a real loop, and matches a Python loop for 1 and 4 steps."""
+    module = call(loop_cls, what=f"{getattr(loop_cls, '__name__', 'your class')}()").eval()
+    expect(hasattr(module, "cell") and isinstance(module.cell, torch.nn.Linear), "keep the `cell` Linear layer from __init__")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # "torch.jit.script is deprecated": lesson 02 explains it
+            scripted = torch.jit.script(module)
+    except Exception as exc:
+        raise LabCheckFailed(
+            f"torch.jit.script failed: {graphs.first_line(exc)}. Annotate non-tensor arguments (steps: int) and use "
+            "only TorchScript-supported Python (for/while loops over ints and tensors are fine)."
+        ) from None
+    x = torch.randn(2, module.cell.in_features, generator=torch.Generator().manual_seed(3))
+    for steps in (1, 4):
+        want = x
+        with torch.no_grad():
+            for _ in range(steps):
+                want = torch.tanh(module.cell(want))
+            try:
+                got = scripted(x, steps)
+            except Exception as exc:
+                if _todo_inside(exc):
+                    raise LabCheckFailed("Repeat.forward() is not written yet: fill in its TODO and run this cell again.") from None
+                raise LabCheckFailed(f"the scripted module failed with steps={steps}: {graphs.first_line(exc)}") from None
+        expect(
+            isinstance(got, torch.Tensor) and torch.allclose(got, want, atol=ATOL, rtol=RTOL),
+            f"with steps={steps} the scripted module should apply tanh(cell(x)) {steps} time(s); "
+            f"max abs error {(got - want).abs().max().item() if isinstance(got, torch.Tensor) else 'n/a'}",
+        )
+    loops = graphs.node_kinds(scripted)["prim::Loop"]
+    expect(loops >= 1, "the scripted graph has no prim::Loop: write the repetition as a for/while loop over `steps`")
+    passed("scripted loop", f"steps 1 and 4 match; the graph keeps {loops} prim::Loop")

@@ -1,0 +1,259 @@
+"""Checks for labs/06_fused_softmax_lab.ipynb (lesson 06: an online softmax in C++ as a PyTorch operator).
+
+The learner writes two things: the C++ inner loop of the online softmax (returned as a string by a Python function,
+so that the lab generator can blank it) and the backward formula in PyTorch. The checks put the loop into TEMPLATE,
+build it with utils.kernels.build (cached by source hash: an edit rebuilds, a rerun does not), and test it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+from utils import bench, kernels
+from utils.labs import LabCheckFailed, call, expect, passed
+
+PLACEHOLDER = "/*@INNER_LOOP@*/"
+
+TEMPLATE = r"""
+// Lab 06: an online softmax over the last dimension. The lab's check pastes your inner loop where the marker is.
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_like.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#define WB_LIBRARY(ns, m) TORCH_LIBRARY(ns, m)
+#define WB_LIBRARY_IMPL(ns, k, m) TORCH_LIBRARY_IMPL(ns, k, m)
+
+namespace {
+
+// ONE read pass over x[0], ..., x[n-1]: leave in m the maximum and in s the sum of exp(x[i] - m).
+template <typename scalar_t>
+void online_max_sum(const scalar_t* x, int64_t n, scalar_t& m, scalar_t& s) {
+  m = -std::numeric_limits<scalar_t>::infinity();
+  s = scalar_t(0);
+  // ----- your loop -----
+/*@INNER_LOOP@*/
+  // ---------------------
+}
+
+// The write pass: y = exp(x - m) / s.
+template <typename scalar_t>
+void softmax_row(const scalar_t* x, scalar_t* y, int64_t n) {
+  scalar_t m, s;
+  online_max_sum(x, n, m, s);
+  const scalar_t inv = scalar_t(1) / s;
+  for (int64_t i = 0; i < n; ++i) y[i] = std::exp(x[i] - m) * inv;
+}
+
+at::Tensor lab_softmax_forward(const at::Tensor& x) {
+  TORCH_CHECK(x.device().is_cpu(), "lab softmax: expected a CPU tensor, got ", x.device());
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble,
+              "lab softmax: expected float32 or float64, got ", x.scalar_type());
+  TORCH_CHECK(x.dim() >= 1, "lab softmax: expected at least 1 dimension, got a 0-d tensor");
+  TORCH_CHECK(x.is_contiguous(), "lab softmax: expected a contiguous tensor, got strides ", x.strides());
+  at::Tensor y = at::empty_like(x);
+  if (x.numel() == 0) return y;
+  const int64_t n = x.size(-1), rows = x.numel() / n;
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "lab_softmax_forward", [&] {
+    const scalar_t* xp = x.const_data_ptr<scalar_t>();
+    scalar_t* yp = y.mutable_data_ptr<scalar_t>();
+    at::parallel_for(0, rows, std::max<int64_t>(1, 32768 / n), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) softmax_row(xp + r * n, yp + r * n, n);
+    });
+  });
+  return y;
+}
+
+}  // namespace
+
+WB_LIBRARY(WB_NAMESPACE, m) { m.def("softmax_forward(Tensor x) -> Tensor"); }
+WB_LIBRARY_IMPL(WB_NAMESPACE, CPU, m) { m.impl("softmax_forward", &lab_softmax_forward); }
+"""
+
+_op_counter = itertools.count()
+
+
+def lab_source(inner_loop: str) -> str:
+    """TEMPLATE with the learner's loop pasted in."""
+    return TEMPLATE.replace(PLACEHOLDER, inner_loop)
+
+
+def build_lab_extension(inner_loop_source) -> kernels.Extension:
+    """Build (or load the cached build of) TEMPLATE with the loop `inner_loop_source()` returns."""
+    code = call(inner_loop_source, what="inner_loop_source()")
+    expect(isinstance(code, str) and code.strip(),
+           f"inner_loop_source() should return the C++ loop as a string, got {type(code).__name__}: {code!r:.80}")
+    expect("x[" in code or "x +" in code or "*x" in code,
+           "your loop never reads x: it should walk x[0] .. x[n-1] and update m and s")
+    try:
+        return kernels.build(lab_source(code), name="wb_softmax_lab")
+    except RuntimeError as exc:
+        raise LabCheckFailed(f"your C++ does not compile. The compiler said:\n{exc}") from None
+
+
+def _parity_cases():
+    import torch
+
+    g = torch.Generator().manual_seed(6)
+    masked = torch.randn(6, 40, generator=g)
+    masked[0, 10:] = float("-inf")  # a causal-style mask: -inf at the end
+    masked[1, :25] = float("-inf")  # -inf first: the running max starts at -inf
+    masked[2, ::2] = float("-inf")
+    return {
+        "random rows of 1000": torch.randn(64, 1000, generator=g),
+        "odd row length 7": torch.randn(9, 7, generator=g),
+        "increasing rows (the max keeps moving)": torch.arange(200.0).repeat(3, 1) / 10,
+        "decreasing rows": torch.arange(200.0, 0, -1).repeat(3, 1) / 10,
+        "large magnitudes (x 1000)": torch.randn(8, 300, generator=g) * 1000,
+        "rows with -inf entries": masked,
+        "one-element rows": torch.randn(5, 1, generator=g),
+        "float64": torch.randn(7, 129, generator=g, dtype=torch.float64),
+        "3-d input": torch.randn(2, 3, 50, generator=g),
+        "empty (0 rows)": torch.randn(0, 16, generator=g),
+    }
+
+
+def _max_err(got, want) -> float:
+    import torch
+
+    if got.numel() == 0:
+        return 0.0
+    both_nan = torch.isnan(got) & torch.isnan(want)
+    return (got - want).abs().masked_fill(both_nan, 0).max().item()
+
+
+def check_inner_loop(inner_loop_source):
+    """Build the learner's online loop and compare with torch.softmax on edge cases. Returns the extension."""
+    import torch
+
+    ext = build_lab_extension(inner_loop_source)
+    worst = 0.0
+    for name, x in _parity_cases().items():
+        got = ext.ops.softmax_forward(x)
+        want = torch.softmax(x, dim=-1)
+        expect(got.shape == want.shape, f"{name}: output shape {tuple(got.shape)}, expected {tuple(want.shape)}")
+        nan_got, nan_want = torch.isnan(got), torch.isnan(want)
+        expect(bool((nan_got == nan_want).all()),
+               f"{name}: {int(nan_got.sum())} NaN outputs where torch.softmax has {int(nan_want.sum())}. A row whose "
+               "running max is still -inf must not add exp(-inf - (-inf)) = exp(NaN) to s.")
+        err = _max_err(got, want)
+        tol = 1e-12 if x.dtype == torch.float64 else 2e-6  # absolute: softmax outputs lie in [0, 1]
+        expect(err <= tol,
+               f"{name}: max |yours - torch.softmax| = {err:.3g} (tolerance {tol:g}). Check the rescale when a new "
+               "maximum arrives: s = s * exp(m_old - m_new) + exp(x - m_new).")
+        worst = max(worst, err)
+    passed("online inner loop", f"{len(_parity_cases())} cases match torch.softmax, max error {worst:.2e}")
+    return ext
+
+
+def check_backward(softmax_backward_formula):
+    """The learner's backward formula against autograd through torch.softmax, in float64."""
+    import torch
+
+    g = torch.Generator().manual_seed(60)
+    for shape in [(4, 9), (2, 3, 17), (5, 1)]:
+        x = torch.randn(*shape, generator=g, dtype=torch.float64, requires_grad=True)
+        grad_y = torch.randn(*shape, generator=g, dtype=torch.float64)
+        y = torch.softmax(x, dim=-1)
+        (want,) = torch.autograd.grad(y, x, grad_y)
+        got = call(softmax_backward_formula, grad_y, y.detach(), what="softmax_backward_formula(grad_y, y)")
+        expect(isinstance(got, torch.Tensor), f"softmax_backward_formula should return a tensor, got {type(got).__name__}")
+        expect(got.shape == want.shape, f"shape {tuple(shape)}: your gradient has shape {tuple(got.shape)}")
+        err = (got - want).abs().max().item()
+        expect(err < 1e-10,
+               f"shape {tuple(shape)}: max |yours - autograd| = {err:.3g}. The gradient is y * (g - sum(g * y)) with "
+               "the sum over the last dimension, kept as a dimension so that it broadcasts (keepdim=True).")
+    passed("backward formula", "matches autograd through torch.softmax in float64")
+
+
+def register_operator(ext: kernels.Extension, softmax_backward_formula):
+    """A torch.library.custom_op around the lab kernel, with a fake kernel and the learner's backward formula.
+
+    Each call registers a fresh name (workbook_lab::softmax_<build>_<k>): a lab cell can be run again.
+    """
+    import torch
+
+    qualname = f"workbook_lab::softmax_{ext.namespace.rsplit('_', 1)[-1]}_{next(_op_counter)}"
+    raw = ext.ops
+
+    @torch.library.custom_op(qualname, mutates_args=())
+    def op(x: torch.Tensor) -> torch.Tensor:
+        return raw.softmax_forward(x.contiguous())
+
+    @op.register_fake
+    def _(x):
+        return x.new_empty(x.shape)
+
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(output)
+
+    def backward(ctx, grad_y):
+        (y,) = ctx.saved_tensors
+        return softmax_backward_formula(grad_y, y)
+
+    op.register_autograd(backward, setup_context=setup_context)
+    return op
+
+
+def check_operator(inner_loop_source, softmax_backward_formula):
+    """Register the learner's kernel as an operator; torch.library.opcheck and gradcheck (float64) must pass."""
+    import torch
+    from torch.autograd.gradcheck import GradcheckError
+
+    ext = build_lab_extension(inner_loop_source)
+    call(softmax_backward_formula, torch.ones(1, 2), torch.ones(1, 2) / 2, what="softmax_backward_formula(grad_y, y)")
+    op = register_operator(ext, softmax_backward_formula)
+    g = torch.Generator().manual_seed(61)
+    samples = [
+        torch.randn(4, 33, generator=g, requires_grad=True),
+        torch.randn(3, 8, 5, generator=g).transpose(1, 2),  # non-contiguous
+    ]
+    for x in samples:
+        result = torch.library.opcheck(op, (x,), raise_exception=False)
+        failed = {k: str(v).splitlines()[0] for k, v in result.items() if v != "SUCCESS"}
+        expect(not failed, f"torch.library.opcheck failed for input {tuple(x.shape)}: {failed}")
+    x64 = torch.randn(3, 11, generator=g, dtype=torch.float64, requires_grad=True)
+    try:
+        ok = torch.autograd.gradcheck(op, (x64,), eps=1e-6, atol=1e-5)
+    except GradcheckError as exc:
+        raise LabCheckFailed(f"gradcheck in float64 failed: {str(exc).splitlines()[0]}") from None
+    expect(ok, "gradcheck in float64 returned False")
+    passed("operator", f"{op._qualname}: opcheck (schema, autograd registration, fake tensor, AOT dispatch) and "
+           "gradcheck pass")
+    return op
+
+
+def check_speed(inner_loop_source, rows: int = 2048, n: int = 1024, min_run_time: float = 0.2):
+    """The learner's GB/s next to torch.softmax and the lesson's fused kernel (reported, no threshold)."""
+    import torch
+
+    from utils.kernels import ops
+
+    ext = build_lab_extension(inner_loop_source)
+    x = torch.randn(rows, n)
+    err = _max_err(ext.ops.softmax_forward(x), torch.softmax(x, -1))
+    expect(err < 1e-5, f"your kernel's output differs from torch.softmax by {err:.3g}: run the parity check first")
+    nbytes = 2 * x.numel() * x.element_size()
+    fns = {
+        "your kernel": lambda: ext.ops.softmax_forward(x),
+        "torch.softmax": lambda: torch.softmax(x, -1),
+        "lesson 06 fused kernel": lambda: ops.softmax(x),
+        "x.clone() (copy roof)": x.clone,
+    }
+    gbps = {}
+    for name, fn in fns.items():
+        ms = bench.measure(fn, label=name, min_run_time=min_run_time).median_ms
+        gbps[name] = nbytes / (ms / 1e3) / 1e9
+    for name, value in gbps.items():
+        print(f"  {name:24s} {value:7.2f} GB/s")
+    ratio = gbps["your kernel"] / gbps["torch.softmax"]
+    expect(math.isfinite(ratio) and ratio > 0, f"could not time your kernel (got {gbps['your kernel']!r} GB/s)")
+    passed("speed", f"your kernel runs at {ratio:.2f}x torch.softmax on {rows} x {n} fp32 "
+           f"({gbps['your kernel'] / gbps['x.clone() (copy roof)']:.0%} of the copy roof)")
+    return gbps

@@ -1,0 +1,249 @@
+"""The source claims, checked against this machine's measurements (course report; lesson 07).
+
+The source material repeats a few numbers ("TorchScript is 10-30% faster", "quantization: 4x smaller, 2-4x
+faster", ...). Each ``Claim`` names the metrics the lessons record (``build/results/<lesson>.json``) that test it and
+the range it states. ``evaluate()`` returns one ``ClaimResult`` per claim with the measured value and a verdict:
+
+- ``holds``: the measurement falls inside the claimed range;
+- ``holds (beyond the claimed range)``: better than claimed (e.g. a 1.9x speedup against "10-30% faster");
+- ``does not hold``: below the range;
+- ``not measurable here``: the lesson ran but skipped the section that measures it (the reason is given);
+- ``not run``: the lesson that measures it has no results yet.
+
+    python -m utils.claims     # print the table from build/results
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from utils import env
+
+__all__ = ["VERDICTS", "Claim", "ClaimResult", "CLAIMS", "evaluate", "markdown", "load_results"]
+
+HOLDS, BEYOND, FAILS, NOT_HERE, NOT_RUN = (
+    "holds", "holds (beyond the claimed range)", "does not hold", "not measurable here", "not run",
+)
+VERDICTS = (HOLDS, BEYOND, FAILS, NOT_HERE, NOT_RUN)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One claim of the source material and how the course measures it (course report).
+
+    ``metrics`` are (lesson stem, metric name) pairs tried in order: the first one recorded is the measurement.
+    ``low``/``high`` bound the claimed range in the metric's unit (``high`` None: "at least low").
+    ``section`` is the OPTIONAL_SECTIONS id whose skip makes the claim not measurable here.
+    ``kind`` "ratio" values are normalised to >= 1 (a size ratio recorded either way round reads the same).
+    """
+
+    id: str
+    claim: str
+    source: str
+    metrics: tuple[tuple[str, str], ...]
+    low: float
+    high: float | None
+    unit: str = "x"
+    section: str = ""
+    kind: str = "plain"
+    also: tuple[tuple[str, str], ...] = ()  # shown next to the value for context
+    explain: str = ""
+
+
+@dataclass
+class ClaimResult:
+    """The verdict for one claim on this machine (course report)."""
+
+    id: str
+    claim: str
+    source: str
+    measured: str
+    verdict: str
+    reason: str
+    value: float | None = None
+    metric: str = ""
+    lesson: str = ""
+    mode: str = ""
+    anchor: str = ""
+    context: list[str] = field(default_factory=list)
+
+
+_004 = "framework fundamentals lesson (004)"
+
+CLAIMS: tuple[Claim, ...] = (
+    Claim(
+        "torchscript-speedup", "TorchScript: 10-30% faster inference", _004,
+        (("02_graphs", "script_speedup_resnet50"), ("02_graphs", "freeze_speedup_resnet50")), 1.10, 1.30,
+        also=(("02_graphs", "freeze_speedup_resnet50"), ("02_graphs", "compile_speedup_resnet50")),
+        explain="ResNet-50 scripted (and frozen + optimize_for_inference) vs eager, measured side by side",
+    ),
+    Claim(
+        "quantization-size", "Quantization: 4x smaller model", _004,
+        (("04_onnx_tensorrt", "int8_size_ratio"),), 3.5, 4.5, kind="ratio",
+        also=(("01_inference_modes", "resnet50_int8_dynamic_size_ratio"),),
+        explain="ONNX Runtime static int8 vs fp32 files; lesson 01's dynamic quantization of ResNet-50 shown beside it",
+    ),
+    Claim(
+        "quantization-dynamic-size", "Quantization: 4x smaller (PyTorch dynamic int8 on ResNet-50)", _004,
+        (("01_inference_modes", "resnet50_int8_dynamic_size_ratio"),), 3.5, 4.5, kind="ratio",
+        explain="quantize_dynamic converts only nn.Linear: a CNN keeps its convolutions in fp32",
+    ),
+    Claim(
+        "quantization-speed", "Quantization: 2-4x faster", _004,
+        (("04_onnx_tensorrt", "int8_speedup"),), 2.0, 4.0,
+        also=(("04_onnx_tensorrt", "int8_top1_agreement"),),
+        explain="ONNX Runtime int8 vs fp32, same batch, same session options",
+    ),
+    Claim(
+        "batch-speedup", "Batch inference: 3-10x faster than single inference", _004,
+        (("01_inference_modes", "resnet18_bs32_vs_bs1_throughput"),), 3.0, 10.0,
+        explain="ResNet-18 throughput at batch 32 over batch 1",
+    ),
+    Claim(
+        "first-inference", "First inference: 10-100x slower than steady state", _004,
+        (("01_inference_modes", "first_call_over_steady"),), 10.0, 100.0,
+        explain="first call in a fresh model vs the median of warmed-up calls",
+    ),
+    Claim(
+        "gpu-speedup", "GPU inference: 10-100x faster (large models)", _004,
+        (("01_inference_modes", "gpu_vs_cpu_speedup"), ("01_inference_modes", "gpu_speedup")), 10.0, 100.0,
+        section="01.gpu-speedup", explain="the same model and batch on the GPU vs this CPU",
+    ),
+    Claim(
+        "transfer-latency", "Moving data between CPU and GPU adds 1-10 ms", _004,
+        (("01_inference_modes", "h2d_copy_ms"), ("01_inference_modes", "pageable_copy_ms"),
+         ("01_inference_modes", "transfer_ms")), 1.0, 10.0, unit="ms",
+        section="01.pinned-memory", explain="host-to-device copy of one input batch (pageable memory)",
+    ),
+    Claim(
+        "keras-call-vs-predict", "Keras: model(x) is faster than model.predict(x) for small batches", _004,
+        (("01_inference_modes", "keras_call_vs_predict_speedup"),), 1.0, None,
+        explain="direct call vs predict() on one small batch",
+    ),
+    Claim(
+        "onnx-runtime-faster", "ONNX Runtime: often faster than the native framework", _004,
+        (("04_onnx_tensorrt", "ort_speedup_vs_eager_bs8"),), 1.0, None,
+        explain="ONNX Runtime (all optimisations) vs eager PyTorch, batch 8",
+    ),
+)
+
+
+def load_results(directory: Path | None = None) -> dict[str, dict]:
+    """Results files keyed by notebook stem (unreadable files are skipped: the claim reads 'not run')."""
+    directory = Path(directory) if directory is not None else env.build_dir() / "results"
+    out: dict[str, dict] = {}
+    if not directory.is_dir():
+        return out
+    for path in sorted(directory.glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        out[data.get("notebook", path.stem)] = data
+    return out
+
+
+def _fmt(value, unit: str) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float | int):
+        return f"{value:.3g} {unit}".strip()
+    return str(value)
+
+
+def _range(c: Claim) -> str:
+    if c.high is None:
+        return f">= {c.low:g} {c.unit}".strip()
+    return f"{c.low:g}-{c.high:g} {c.unit}".strip()
+
+
+def _evaluate_one(c: Claim, results: dict[str, dict]) -> ClaimResult:
+    lessons = sorted({lesson for lesson, _ in c.metrics})
+    base = dict(id=c.id, claim=c.claim, source=c.source)
+    found = None
+    for lesson, metric in c.metrics:
+        data = results.get(lesson)
+        if data and metric in data.get("metrics", {}):
+            found = (lesson, metric, data)
+            break
+    context = []
+    for lesson, metric in c.also:
+        data = results.get(lesson, {})
+        if metric in data.get("metrics", {}) and (not found or metric != found[1]):
+            context.append(f"{metric} = {_fmt(data['metrics'][metric], data.get('units', {}).get(metric, ''))}")
+    if found is None:
+        ran = [lesson for lesson in lessons if lesson in results]
+        if not ran:
+            return ClaimResult(**base, measured="-", verdict=NOT_RUN, context=context,
+                               reason=f"{', '.join(lessons)} has no results yet: run it (make course)")
+        for lesson in ran:
+            skipped = results[lesson].get("skipped", {})
+            if c.section and c.section in skipped:
+                return ClaimResult(**base, measured="-", verdict=NOT_HERE, lesson=lesson, context=context,
+                                   reason=f"section {c.section} skipped: {skipped[c.section]}")
+        names = " or ".join(m for _, m in c.metrics)
+        if c.section:
+            return ClaimResult(**base, measured="-", verdict=NOT_HERE, lesson=ran[0], context=context,
+                               reason=f"{ran[0]} ran without skipping {c.section} but recorded none of {names}")
+        return ClaimResult(**base, measured="-", verdict=NOT_RUN, lesson=ran[0], context=context,
+                           reason=f"{ran[0]} ran but did not record {names}")
+    lesson, metric, data = found
+    raw = data["metrics"][metric]
+    mode = data.get("mode", "")
+    anchor = data.get("anchors", {}).get(metric, "")
+    if isinstance(raw, bool) or not isinstance(raw, int | float):
+        return ClaimResult(**base, measured=str(raw), verdict=NOT_HERE, lesson=lesson, metric=metric, mode=mode,
+                           reason=f"{metric} is not a number ({raw!r})", anchor=anchor, context=context)
+    value = float(raw)
+    note = ""
+    if c.kind == "ratio" and 0 < value < 1:
+        value, note = 1 / value, f" (recorded as {raw:.3g}, read as its inverse)"
+    if value < c.low:
+        verdict = FAILS
+    elif c.high is not None and value > c.high:
+        verdict = BEYOND
+    else:
+        verdict = HOLDS
+    unit = data.get("units", {}).get(metric, "") or c.unit
+    reason = f"measured {value:.3g} {c.unit} against the claimed {_range(c)}{note}"
+    if mode == "smoke":
+        reason += "; smoke run (small sizes): rerun with `make course` for the real number"
+    return ClaimResult(**base, measured=f"{value:.3g} {unit}".strip(), verdict=verdict, reason=reason, value=value,
+                       metric=metric, lesson=lesson, mode=mode, anchor=anchor, context=context)
+
+
+def evaluate(results: dict[str, dict] | None = None, claims: tuple[Claim, ...] = CLAIMS) -> list[ClaimResult]:
+    """One ClaimResult per claim, from the results files (default: build/results). Course report; lesson 07."""
+    results = load_results() if results is None else results
+    return [_evaluate_one(c, results) for c in claims]
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown(results: dict[str, dict] | None = None) -> str:
+    """The claims table in Markdown (what report.md embeds)."""
+    rows = evaluate(results)
+    by_id = {c.id: c for c in CLAIMS}
+    lines = [
+        "| claim (source) | claimed | measured here | verdict | why / how measured | published anchor |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        c = by_id.get(r.id)
+        where = f"`{r.metric}` ({r.lesson}, {r.mode} run)" if r.metric else ""
+        how = "; ".join(x for x in (r.reason, c.explain if c else "", where, "; ".join(r.context)) if x)
+        lines.append(
+            f"| {_cell(r.claim)} ({_cell(r.source)}) | {_cell(_range(c)) if c else ''} | {_cell(r.measured)} | "
+            f"**{r.verdict}** | {_cell(how)} | {_cell(r.anchor)} |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(markdown())
+    sys.exit(0)

@@ -1,0 +1,203 @@
+"""`make doctor`: check a learner's machine in under a minute and say what will and will not run (instructor kit).
+
+    python -m utils.doctor [--json]
+
+Prints, in order: the machine, the checks the course depends on (each ``ok``, ``warn`` or ``FAIL`` with what to do),
+every optional section of every lesson with whether it runs here or why it is skipped, and a one-line verdict.
+The exit code is non-zero only when the course cannot run at all (wrong Python, a core package missing or broken,
+no Jupyter kernel, an unwritable build folder); missing optional parts (GPU, TensorRT, Triton, a compiler) are
+reported as skipped sections, not as failures.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+from utils import env
+
+__all__ = ["Check", "checks", "lesson_plan", "main"]
+
+# packages without which no lesson runs, and packages only some lessons need
+CORE = ("torch", "numpy", "papermill", "nbclient", "ipykernel", "nbformat", "matplotlib", "tqdm", "pyyaml")
+LESSON_PACKAGES = {
+    "torchvision": "01-04", "tensorflow": "01, 02, 04", "onnx": "04, 05", "onnxruntime-gpu": "04, 05, 07",
+    "onnxscript": "04", "tf2onnx": "04", "transformers": "04, 05", "nvidia-pytriton": "00, 05",
+    "tritonclient": "05", "onnxruntime-extensions": "04", "scikit-learn": "04", "ipywidgets": "07 (quiz buttons)",
+    "jupyterlab": "working interactively (make lab)", "nbval": "make test",
+}
+LESSONS = {
+    "00": "environment", "01": "inference modes", "02": "graphs", "03": "profiling and AMP", "04": "ONNX and TensorRT",
+    "05": "Triton ensemble", "06": "fused softmax", "07": "interview prep",
+}
+
+
+@dataclass
+class Check:
+    """One doctor check: status 'ok', 'warn' or 'fail', what was found, and what to do about it."""
+
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _torch_runs() -> Check:
+    code = "import torch; x = torch.ones(64, 64); print(float((x @ x).sum()), torch.get_num_threads())"
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=45)
+    except subprocess.TimeoutExpired:
+        return Check("torch runs", "fail", "a 64x64 matmul did not finish in 45 s", "check the machine's load")
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no error text"])[-1]
+        return Check("torch runs", "fail", f"torch crashed: {last}", "recreate the environment: make env")
+    value, threads = proc.stdout.split()
+    return Check("torch runs", "ok", f"64x64 matmul = {float(value):.0f} (expected 262144), {threads} threads")
+
+
+def _kernelspec() -> Check:
+    try:
+        from jupyter_client.kernelspec import KernelSpecManager
+
+        spec = KernelSpecManager().get_kernel_spec("python3")
+    except Exception as exc:  # any failure here means notebooks cannot execute
+        return Check("jupyter kernel", "fail", f"no python3 kernel ({type(exc).__name__}: {exc})",
+                     "install ipykernel in the environment: make env")
+    return Check("jupyter kernel", "ok", f"python3 kernel: {' '.join(spec.argv[:3])} ...")
+
+
+def _build_dir() -> Check:
+    try:
+        path = env.build_dir()
+        probe = path / ".doctor-write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        return Check("build folder", "fail", f"cannot write there ({exc})", "set WORKBOOK_BUILD_DIR to a writable folder")
+    free = shutil.disk_usage(path).free / 2**30
+    if free < 5:
+        return Check("build folder", "warn", f"{path}: only {free:.1f} GiB free", "free 5 GiB (exported models, traces)")
+    return Check("build folder", "ok", f"{path} ({free:.0f} GiB free)")
+
+
+def _chromium() -> Check:
+    path = next((p for p in ("/usr/bin/chromium", shutil.which("chromium") or "", shutil.which("chromium-browser") or "",
+                             shutil.which("google-chrome") or "") if p and os.path.exists(p)), "")
+    if not path:
+        return Check("headless browser", "warn", "no chromium: the static-site test will be skipped",
+                     "sudo apt-get install -y --no-install-recommends chromium (only needed by the site test)")
+    return Check("headless browser", "ok", path)
+
+
+def _sandbox() -> Check:
+    try:
+        from utils import grade
+
+        box = grade.sandbox()
+    except Exception as exc:  # the grading sandbox is optional for learners
+        return Check("grading sandbox", "warn", f"probe failed ({type(exc).__name__}: {exc})", "only instructors need it")
+    if box.enforced:
+        return Check("grading sandbox", "ok", box.description.split(";")[0])
+    return Check("grading sandbox", "warn", box.description, "only instructors grading submissions need it")
+
+
+def checks(quick: bool = False) -> list[Check]:
+    """Every check, in the order printed. `quick` skips the subprocess ones (torch run, sandbox probe)."""
+    out = []
+    py = sys.version_info
+    if (py.major, py.minor) != (3, 11):
+        out.append(Check("python", "fail", f"Python {py.major}.{py.minor}; the course pins 3.11",
+                         "run through make (it builds a 3.11 environment) or conda env create -f environment.yml"))
+    else:
+        out.append(Check("python", "ok", f"{sys.version.split()[0]} at {sys.executable}"))
+    missing_core = [p for p in CORE if _version(p) is None]
+    if missing_core:
+        out.append(Check("core packages", "fail", f"missing {missing_core}", "make env"))
+    else:
+        out.append(Check("core packages", "ok", ", ".join(f"{p} {_version(p)}" for p in CORE[:3]) + ", ..."))
+    for pkg, lessons in LESSON_PACKAGES.items():
+        if _version(pkg) is None:
+            out.append(Check(f"package {pkg}", "warn", f"not installed: lesson(s) {lessons} will fail", "make env"))
+    if not quick and "torch" not in missing_core:
+        out.append(_torch_runs())
+    out.append(_kernelspec())
+    out.append(_build_dir())
+    mem = env.inventory().get("memory_gib") or 0
+    cores = os.cpu_count() or 1
+    out.append(Check("memory", "ok" if mem >= 8 else "warn", f"{mem} GiB",
+                     "" if mem >= 8 else "8 GiB or more: lessons 04-05 load BERT-sized models"))
+    out.append(Check("cpu cores", "ok" if cores >= 2 else "warn", f"{cores} logical cores",
+                     "" if cores >= 2 else "timings will be noisy with one core"))
+    out.append(_chromium())
+    if not quick:
+        out.append(_sandbox())
+    return out
+
+
+def lesson_plan() -> dict[str, list[tuple[str, bool, str]]]:
+    """Per lesson: (section id, runs here?, what it does or why it is skipped) for every optional section."""
+    caps = env.capabilities()
+    plan: dict[str, list[tuple[str, bool, str]]] = {k: [] for k in LESSONS}
+    for section, (cap, what) in env.OPTIONAL_SECTIONS.items():
+        ok = caps[cap].available
+        plan.setdefault(section[:2], []).append((section, ok, what if ok else f"{what}: skipped, {caps[cap].reason}"))
+    return plan
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m utils.doctor", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--quick", action="store_true", help="skip the checks that start processes")
+    args = parser.parse_args(argv)
+    t0 = time.perf_counter()
+    results = checks(quick=args.quick)
+    plan = lesson_plan()
+    fatal = [c for c in results if c.status == "fail"]
+    if args.json:
+        print(json.dumps({"checks": [asdict(c) for c in results],
+                          "sections": {k: [{"section": s, "runs": r, "detail": d} for s, r, d in v]
+                                       for k, v in plan.items()},
+                          "course_can_run": not fatal}, indent=2))
+        return 1 if fatal else 0
+    inv = env.inventory()
+    print(f"machine: {inv['cpu']}, {inv['cpu_count']} cores, {inv['memory_gib']} GiB, GPU: {inv.get('gpu') or 'none'}")
+    print("\nchecks:")
+    for c in results:
+        mark = {"ok": "ok  ", "warn": "warn", "fail": "FAIL"}[c.status]
+        print(f"  [{mark}] {c.name:18s} {c.detail}" + (f"\n         fix: {c.fix}" if c.fix and c.status != "ok" else ""))
+    print("\nwhat will run here:")
+    for lesson, title in LESSONS.items():
+        sections = plan.get(lesson, [])
+        skipped = [s for s in sections if not s[1]]
+        head = f"  {lesson} {title:18s} runs" + (f"; {len(skipped)} of {len(sections)} optional section(s) skipped"
+                                                   if sections else "")
+        print(head)
+        for section, ok, detail in sections:
+            print(f"       {'runs   ' if ok else 'skipped'} {section:22s} {detail}")
+    seconds = time.perf_counter() - t0
+    if fatal:
+        print(f"\nverdict: the course CANNOT run here: fix {[c.name for c in fatal]} (checked in {seconds:.0f} s)")
+        return 1
+    warns = sum(c.status == "warn" for c in results)
+    print(f"\nverdict: the course runs here ({warns} warning(s); skipped sections say why). Checked in {seconds:.0f} s.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,354 @@
+"""Inference helpers: a correct predict and the measurements behind it (lesson 01; its lab checks against them).
+
+- predict: eval mode, torch.inference_mode, device placement, batches of at most max_batch, input validation
+- validate_images, model_device, check_same_device: boundary checks whose errors say what was expected, what came
+  and how to fix it
+- autograd_saved_bytes: the memory an autograd graph keeps alive (the tensors saved for backward), counted exactly
+- throughput_sweep: latency and throughput per batch size, on utils.bench
+- cold_start: first call vs steady state in a fresh Python process (nothing cached, nothing warmed)
+- path_size_bytes, size_table, savedmodel_variable_bytes: what saved models weigh on disk
+- tiny_cnn: a small seeded conv net with BatchNorm and Dropout for demos and the lab
+
+torch is imported inside the functions, so importing this module is free.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+__all__ = [
+    "DeviceMismatchError",
+    "model_device",
+    "check_same_device",
+    "validate_images",
+    "predict",
+    "autograd_saved_bytes",
+    "throughput_sweep",
+    "cold_start",
+    "path_size_bytes",
+    "size_table",
+    "savedmodel_variable_bytes",
+    "tiny_cnn",
+]
+
+
+class DeviceMismatchError(RuntimeError):
+    """A model and its input (or the model's own tensors) live on different devices (lesson 01)."""
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# boundary checks
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def model_device(model):
+    """The one device holding all of `model`'s parameters and buffers (lesson 01).
+
+    Raises ValueError for a model without tensors and DeviceMismatchError when they are spread over several devices.
+    """
+    import torch
+
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"expected a torch.nn.Module, got {type(model).__name__}")
+    devices = {t.device for t in itertools.chain(model.parameters(), model.buffers())}
+    if not devices:
+        raise ValueError(f"{type(model).__name__} has no parameters or buffers, so it has no device: pass device=")
+    if len(devices) > 1:
+        names = sorted(str(d) for d in devices)
+        raise DeviceMismatchError(
+            f"{type(model).__name__} has tensors on several devices {names}: move all of it with model.to(device)"
+        )
+    return devices.pop()
+
+
+def check_same_device(model, *tensors, names: Sequence[str] | None = None):
+    """Raise DeviceMismatchError unless every tensor is on the model's device; return that device (lesson 01).
+
+    The message names the input, both devices and the one-line fix, instead of the error from deep inside a layer.
+    """
+    import torch
+
+    device = model_device(model)
+    names = list(names) if names is not None else [f"input {i}" for i in range(len(tensors))]
+    if len(names) != len(tensors):
+        raise ValueError(f"got {len(tensors)} tensors but {len(names)} names")
+    for name, t in zip(names, tensors, strict=True):
+        if not torch.is_tensor(t):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.device != device:
+            raise DeviceMismatchError(
+                f"{name} is on {t.device} but the model's parameters are on {device}: move the input with "
+                f"x.to({str(device)!r}) (or the model with model.to(x.device)) before calling the model"
+            )
+    return device
+
+
+def validate_images(x, *, channels: int | None = 3, min_size: int = 1, name: str = "x"):
+    """Check that `x` is a float image batch (N, C, H, W) with `channels` channels; return it unchanged (lesson 01).
+
+    TypeError for a non-tensor or a non-float dtype, ValueError for a wrong shape; each message shows what came and
+    suggests the usual fix (unsqueeze(0) for a single image, permute for channels-last data, float() for uint8 pixels).
+    """
+    import torch
+
+    if not torch.is_tensor(x):
+        shape = f" with shape {tuple(x.shape)}" if hasattr(x, "shape") else ""
+        raise TypeError(
+            f"{name} must be a torch.Tensor, got {type(x).__module__}.{type(x).__name__}{shape}: "
+            "convert it with torch.as_tensor(x)"
+        )
+    shape = tuple(x.shape)
+    if x.dim() == 3:
+        raise ValueError(
+            f"{name} must be a 4-D batch (N, C, H, W), got a 3-D tensor of shape {shape}: "
+            f"add the batch dimension with {name}.unsqueeze(0)"
+        )
+    if x.dim() != 4:
+        raise ValueError(f"{name} must be a 4-D batch (N, C, H, W), got a {x.dim()}-D tensor of shape {shape}")
+    if shape[0] == 0:
+        raise ValueError(f"{name} is an empty batch (shape {shape}): nothing to predict")
+    if channels is not None and shape[1] != channels:
+        hint = f": it looks channels-last, use {name}.permute(0, 3, 1, 2)" if shape[3] == channels else ""
+        raise ValueError(f"{name} must have {channels} channels in dim 1 (N, C, H, W), got shape {shape}{hint}")
+    if min(shape[2], shape[3]) < min_size:
+        raise ValueError(f"{name} images must be at least {min_size}x{min_size} pixels, got shape {shape}")
+    if not x.is_floating_point():
+        raise TypeError(
+            f"{name} must be a floating-point tensor (the model's weights are), got {x.dtype}: "
+            f"use {name}.float() (and scale 0-255 pixels to the range the model was trained on)"
+        )
+    return x
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# predict
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def predict(model, x, *, max_batch: int = 32, device=None, channels: int | None = 3):
+    """Correct, fast inference on an image batch; returns the model's outputs on the CPU (lesson 01).
+
+    - validates `x` (validate_images) before anything runs;
+    - puts the model in eval mode (it stays there) and runs under torch.inference_mode(): no autograd graph;
+    - moves the model to `device` when given, else uses the model's own device; moves each input chunk there
+      (non_blocking when the input is in pinned memory);
+    - runs at most `max_batch` images per call, so memory stays bounded whatever N is.
+
+    The result is an inference tensor: use it freely, but clone() it before feeding it to autograd.
+    """
+    import torch
+
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+        raise ValueError(f"max_batch must be a positive int, got {max_batch!r}")
+    validate_images(x, channels=channels)
+    if device is not None:
+        model.to(device)
+    target = model_device(model)
+    model.eval()
+    outputs = []
+    with torch.inference_mode():
+        for chunk in x.split(max_batch):
+            out = model(chunk.to(target, non_blocking=chunk.is_pinned()))
+            if not torch.is_tensor(out):
+                raise TypeError(f"predict() handles models returning one tensor, {type(model).__name__} returned "
+                                f"{type(out).__name__}")
+            outputs.append(out.to("cpu"))
+    return torch.cat(outputs)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# measurements
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def autograd_saved_bytes(fn: Callable[[], object], *, exclude: Iterable = ()) -> tuple[int, object]:
+    """Run fn() and count the bytes of the tensors autograd saves for backward; return (bytes, fn's result) (lesson 01).
+
+    This is the memory the autograd graph keeps alive for as long as the output lives: the activations. Storages are
+    counted once; tensors in `exclude` (pass model.parameters()) are not counted, since they exist anyway. Under
+    torch.no_grad() or torch.inference_mode() nothing is saved and the count is 0.
+    """
+    import torch
+
+    if not callable(fn):
+        raise TypeError(f"autograd_saved_bytes() needs a callable taking no arguments, got {type(fn).__name__}")
+    skip = {t.untyped_storage().data_ptr() for t in exclude}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr not in skip:
+            seen[ptr] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        result = fn()
+    return sum(seen.values()), result
+
+
+def throughput_sweep(model, batch_sizes: Sequence[int], make_input: Callable[[int], object], *,
+                     min_run_time: float = 0.5, warmup: int = 1, progress: bool = True) -> list:
+    """Time model(make_input(bs)) under torch.inference_mode() for each batch size (lesson 01).
+
+    Returns one utils.bench.BenchResult per batch size (items = bs, so .throughput is images per second).
+    """
+    import torch
+    from tqdm.auto import tqdm
+
+    from utils import bench
+
+    sizes = list(batch_sizes)
+    if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
+        raise ValueError(f"batch_sizes must be positive ints, got {sizes!r}")
+    results = []
+    for bs in tqdm(sizes, desc=type(model).__name__, disable=not progress, leave=False):
+        x = make_input(bs)
+        with torch.inference_mode():
+            results.append(bench.measure(lambda x=x: model(x), label=f"batch {bs}", warmup=warmup,
+                                         min_run_time=min_run_time, items=bs))
+    return results
+
+
+def cold_start(model: str = "resnet18", *, batch: int = 1, image_size: int = 224, device: str = "cpu",
+               steady_min_run_time: float = 0.5, timeout: float = 300) -> dict:
+    """First call vs steady state of a torchvision model in a fresh Python process (lesson 01).
+
+    Returns seconds for import_s, build_s (and to_device_s), and milliseconds for first_ms, second_ms and steady_ms
+    (the median after warm-up), all measured in a child process where nothing was imported or warmed before.
+    """
+    if batch < 1 or image_size < 16:
+        raise ValueError(f"batch must be >= 1 and image_size >= 16, got batch={batch}, image_size={image_size}")
+    cmd = [sys.executable, "-m", "utils.inference", "cold-start", model, str(batch), str(image_size), device,
+           str(steady_min_run_time)]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"cold-start child process failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
+    return json.loads(lines[-1])
+
+
+def _cold_start_child(model: str, batch: int, image_size: int, device: str, min_run_time: float) -> dict:
+    import time
+
+    t0 = time.perf_counter()
+    import torch
+
+    from utils import bench
+    from utils.models import vision_model
+
+    out = {"import_s": time.perf_counter() - t0}
+    t0 = time.perf_counter()
+    net = vision_model(model)
+    out["build_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    net = net.to(device)
+    x = torch.randn(batch, 3, image_size, image_size, device=device)
+    out["to_device_s"] = time.perf_counter() - t0
+    with torch.inference_mode():
+        out["first_ms"] = bench.first_call_ms(lambda: net(x))
+        out["second_ms"] = bench.first_call_ms(lambda: net(x))
+        out["steady_ms"] = bench.measure(lambda: net(x), warmup=3, min_run_time=min_run_time).median_ms
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# sizes on disk
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def path_size_bytes(path) -> int:
+    """Bytes on disk of a saved model: a file, a folder (SavedModel: every file in it), or an .onnx file together with
+    its external data files (lesson 01)."""
+    p = Path(path)
+    if p.is_dir():
+        return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+    if not p.is_file():
+        raise FileNotFoundError(f"{p} does not exist: save the model there first")
+    if p.suffix == ".onnx":
+        from utils.onnx_tools import onnx_size_bytes
+
+        return onnx_size_bytes(p)
+    return p.stat().st_size
+
+
+def size_table(entries: Iterable[tuple[str, str, object]], *, baseline: str = "state_dict") -> list[dict]:
+    """Rows {model, format, mb, vs_baseline} from (model, format, path or byte count) entries (lesson 01).
+
+    vs_baseline is the size over the same model's `baseline` format (None where the model has no such row).
+    """
+    rows = []
+    for model, fmt, where in entries:
+        nbytes = where if isinstance(where, int) else path_size_bytes(where)
+        rows.append({"model": model, "format": fmt, "mb": nbytes / 1e6})
+    base = {r["model"]: r["mb"] for r in rows if r["format"] == baseline}
+    for r in rows:
+        r["vs_baseline"] = r["mb"] / base[r["model"]] if r["model"] in base else None
+    return rows
+
+
+def savedmodel_variable_bytes(path) -> dict[str, int]:
+    """Bytes of the variables in a SavedModel, grouped by the first part of their checkpoint key (lesson 01).
+
+    Shows what the variables file holds, e.g. a Keras export that tracks every weight under two names.
+    """
+    import numpy as np
+    import tensorflow as tf
+
+    prefix = Path(path) / "variables" / "variables"
+    if not prefix.with_suffix(".index").is_file():
+        raise FileNotFoundError(f"{path} is not a SavedModel folder (no variables/variables.index)")
+    reader = tf.train.load_checkpoint(str(prefix))
+    dtypes = reader.get_variable_to_dtype_map()
+    groups: dict[str, int] = {}
+    for key, shape in reader.get_variable_to_shape_map().items():
+        dtype = dtypes[key]
+        if dtype == tf.string:
+            continue
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.size
+        group = key.split("/")[0]
+        groups[group] = groups.get(group, 0) + nbytes
+    return groups
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# a small model
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def tiny_cnn(num_classes: int = 10, *, channels: int = 3, width: int = 16, dropout: float = 0.5, seed: int = 0):
+    """A small conv net with BatchNorm and Dropout (the two layers eval() changes), seeded, in train mode (lesson 01)."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        nn.Conv2d(channels, width, 3, padding=1),
+        nn.BatchNorm2d(width),
+        nn.ReLU(),
+        nn.Conv2d(width, 2 * width, 3, padding=1, stride=2),
+        nn.BatchNorm2d(2 * width),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Dropout(dropout),
+        nn.Linear(2 * width, num_classes),
+    )
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 7 and sys.argv[1] == "cold-start":
+        _, _, name, bs, size, dev, mrt = sys.argv
+        print(json.dumps(_cold_start_child(name, int(bs), int(size), dev, float(mrt))))
+        sys.exit(0)
+    print("usage: python -m utils.inference cold-start MODEL BATCH IMAGE_SIZE DEVICE MIN_RUN_TIME", file=sys.stderr)
+    sys.exit(2)

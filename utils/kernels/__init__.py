@@ -1,0 +1,313 @@
+"""Build, cache and load the fused softmax extension (lesson 06); compile-check its CUDA source with nvcc.
+
+``build()`` compiles softmax.cpp (and softmax.cu with ``cuda=True``) with torch.utils.cpp_extension into
+``<build dir>/kernels/<name>-<hash>/``, the hash covering the source text, the compiler flags and the torch version:
+the lesson, the tests and the lab reuse one build, and an edited source gets a fresh one. Each build registers its
+operators under its own namespace (``torch.ops.<name>_<hash>``), so several builds can be loaded in one process.
+
+The CPU capability is detected at build time (``cpu_capability()``): ATen's ``at::vec::Vectorized`` uses AVX2 or
+AVX-512 only when the build defines ``CPU_CAPABILITY_AVX2`` / ``CPU_CAPABILITY_AVX512`` (with the matching ``-m``
+flags); without the define it compiles to plain loops, and nothing warns you.
+
+The operator the lesson registers (torch.library.custom_op, fake kernel, autograd) lives in ``utils.kernels.ops``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from utils import env
+
+__all__ = [
+    "KERNEL_DIR",
+    "CAPABILITIES",
+    "Extension",
+    "CompileCheck",
+    "cpu_capability",
+    "capability_cflags",
+    "last_level_cache_bytes",
+    "build",
+    "compile_check_cuda",
+    "source_excerpt",
+]
+
+KERNEL_DIR = Path(__file__).resolve().parent
+CAPABILITIES = ("AVX512", "AVX2", "DEFAULT")
+_AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq")
+_loaded: dict[str, Extension] = {}
+
+
+def cpu_capability(flags: frozenset[str] | set[str] | None = None) -> str:
+    """The widest at::vec capability this CPU supports: "AVX512", "AVX2" or "DEFAULT" (lesson 06).
+
+    `flags` are /proc/cpuinfo flags (default: this machine's, from utils.env.cpu_flags()). ATen's AVX-512 kernels
+    need F, BW, VL and DQ; its AVX2 kernels need AVX2 and FMA.
+    """
+    flags = env.cpu_flags() if flags is None else frozenset(flags)
+    if all(f in flags for f in _AVX512_FLAGS) and "fma" in flags:
+        return "AVX512"
+    if "avx2" in flags and "fma" in flags:
+        return "AVX2"
+    return "DEFAULT"
+
+
+def capability_cflags(capability: str) -> list[str]:
+    """Compiler flags that make at::vec use `capability` (lesson 06): the define and the matching -m flags.
+
+    "DEFAULT" gives no define at all, which is what a plain cpp_extension build gets: Vectorized falls back to loops.
+    """
+    if capability not in CAPABILITIES:
+        raise ValueError(f"capability must be one of {CAPABILITIES}, got {capability!r}")
+    if capability == "AVX512":
+        return ["-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl",
+                "-mavx512dq", "-mfma", "-mf16c"]
+    if capability == "AVX2":
+        return ["-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2", "-mavx2", "-mfma", "-mf16c"]
+    return []
+
+
+def last_level_cache_bytes() -> int | None:
+    """Size of the largest CPU cache (usually the L3) from sysfs, or None where it cannot be read (lesson 06)."""
+    best = None
+    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        m = re.fullmatch(r"(\d+)([KMG]?)", path.read_text().strip())
+        if m:
+            size = int(m.group(1)) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[m.group(2)]
+            best = max(best or 0, size)
+    return best
+
+
+@dataclass
+class Extension:
+    """One loaded build of the softmax extension (lesson 06). ``ops`` is its operator namespace in torch.ops."""
+
+    name: str
+    namespace: str
+    library: Path
+    capability: str
+    cuda: bool
+    build_s: float
+    cached: bool
+
+    @property
+    def ops(self):
+        import torch
+
+        return getattr(torch.ops, self.namespace)
+
+    def build_info(self) -> str:
+        return self.ops.build_info()
+
+    def __str__(self) -> str:
+        how = "loaded from cache" if self.cached else f"built in {self.build_s:.1f} s"
+        return f"{self.name}: torch.ops.{self.namespace} ({self.capability}{', CUDA' if self.cuda else ''}), {how}"
+
+
+def _read_sources(source: str | Path | None, cuda: bool) -> dict[str, str]:
+    """{file name: text} for the build. `source` may be C++ text, a path, or None for utils/kernels/softmax.cpp."""
+    if source is None:
+        texts = {"softmax.cpp": (KERNEL_DIR / "softmax.cpp").read_text()}
+    elif isinstance(source, Path):
+        if not source.is_file():
+            raise FileNotFoundError(f"C++ source {source} does not exist")
+        texts = {source.name: source.read_text()}
+    elif isinstance(source, str):
+        if "TORCH_LIBRARY" not in source:
+            raise ValueError("the C++ source text registers no operators (no TORCH_LIBRARY block); "
+                             "pass the whole .cpp text or a Path to the file")
+        texts = {"source.cpp": source}
+    else:
+        raise TypeError(f"source must be C++ text, a pathlib.Path or None, got {type(source).__name__}")
+    if cuda:
+        texts["softmax.cu"] = (KERNEL_DIR / "softmax.cu").read_text()
+    return texts
+
+
+def _key(texts: dict[str, str], flags: list[str], cuda: bool) -> str:
+    import torch
+
+    h = hashlib.sha256()
+    for part in [torch.__version__, str(cuda), *flags, *(f"{k}\0{v}" for k, v in sorted(texts.items()))]:
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:10]
+
+
+def build(
+    source: str | Path | None = None,
+    *,
+    name: str = "wb_softmax",
+    capability: str | None = None,
+    cuda: bool = False,
+    verbose: bool = False,
+) -> Extension:
+    """Compile (or load the cached build of) the softmax extension and return it (lesson 06).
+
+    `source`: C++ text, a Path, or None for utils/kernels/softmax.cpp. `capability`: "AVX512", "AVX2" or "DEFAULT";
+    None detects this CPU's. `cuda=True` adds softmax.cu (needs a CUDA build of torch and nvcc).
+    """
+    if not re.fullmatch(r"[a-z][a-z0-9_]{0,30}", name):
+        raise ValueError(f"name must be a short lower-case identifier such as 'wb_softmax', got {name!r}")
+    capability = capability or cpu_capability()
+    cflags = ["-O3", *capability_cflags(capability)]
+    texts = _read_sources(source, cuda)
+    key = _key(texts, cflags, cuda)
+    namespace = f"{name}_{key}"
+    if namespace in _loaded:
+        return _loaded[namespace]
+
+    import torch
+
+    if cuda and not torch.cuda.is_available():
+        raise RuntimeError(f"build(cuda=True) needs a CUDA GPU: {env.capabilities()['cuda'].reason}")
+    if cuda and env.nvcc_path() is None:
+        raise RuntimeError(f"build(cuda=True) needs nvcc: {env.capabilities()['nvcc'].reason}")
+    folder = env.build_dir() / "kernels" / f"{name}-{key}"
+    folder.mkdir(parents=True, exist_ok=True)
+    library = folder / f"{namespace}.so"
+    t0 = time.perf_counter()
+    cached = library.is_file()
+    if cached:
+        torch.ops.load_library(str(library))
+    else:
+        from torch.utils import cpp_extension
+
+        paths = []
+        for file_name, text in texts.items():
+            path = folder / file_name
+            if not path.is_file() or path.read_text() != text:
+                path.write_text(text)
+            paths.append(str(path))
+        define = f"-DWB_NAMESPACE={namespace}"
+        try:
+            built = cpp_extension.load(
+                name=namespace,
+                sources=paths,
+                extra_cflags=[*cflags, define],
+                extra_cuda_cflags=["-O3", define, "--use_fast_math"] if cuda else None,
+                with_cuda=cuda,
+                is_python_module=False,
+                build_directory=str(folder),
+                verbose=verbose,
+            )
+        except RuntimeError as exc:
+            raise RuntimeError(f"building {namespace} in {folder} failed:\n{_compiler_errors(str(exc))}") from None
+        library = Path(built) if built else library
+    ext = Extension(name, namespace, library, capability, cuda, time.perf_counter() - t0, cached)
+    _loaded[namespace] = ext
+    return ext
+
+
+def _compiler_errors(log: str, limit: int = 25) -> str:
+    """The lines of a compiler log that say what went wrong (error lines and the source lines g++ points at)."""
+    lines = log.splitlines()
+    keep = [i for i, line in enumerate(lines) if re.search(r"error|Error|undefined", line)]
+    picked: list[str] = []
+    for i in keep:
+        for line in lines[i : i + 3]:
+            if line not in picked:
+                picked.append(line)
+    return "\n".join(picked[:limit]) or "\n".join(lines[-limit:])
+
+
+@dataclass
+class CompileCheck:
+    """What nvcc said about softmax.cu (lesson 06)."""
+
+    ok: bool
+    seconds: float
+    cached: bool
+    command: list[str]
+    log: str
+    registers: dict[str, int]
+
+    def __str__(self) -> str:
+        how = "cached object" if self.cached else f"{self.seconds:.1f} s"
+        return f"nvcc compile check: {'OK' if self.ok else 'FAILED'} ({how})"
+
+
+def compile_check_cuda(arch: str = "90", *, source: Path | None = None, timeout: int = 600) -> CompileCheck:
+    """Compile softmax.cu to an object file with nvcc and torch's include paths, without a GPU (lesson 06).
+
+    The object is cached under the build dir by source hash and arch. ``registers`` maps each kernel (demangled
+    name) to the registers per thread ptxas reports, a first look at occupancy.
+    """
+    import torch
+    from torch.utils import cpp_extension
+
+    nvcc = env.nvcc_path()
+    if nvcc is None:
+        raise RuntimeError(f"compile_check_cuda needs nvcc: {env.capabilities()['nvcc'].reason}")
+    if not re.fullmatch(r"\d{2,3}a?", arch):
+        raise ValueError(f"arch is a compute capability such as '80' or '90', got {arch!r}")
+    source = source or KERNEL_DIR / "softmax.cu"
+    text = source.read_text()
+    key = hashlib.sha256(f"{torch.__version__}\0{arch}\0{nvcc}\0{text}".encode()).hexdigest()[:10]
+    folder = env.build_dir() / "kernels" / f"nvcc-check-{key}"
+    folder.mkdir(parents=True, exist_ok=True)
+    obj, log_path = folder / "softmax_cu.o", folder / "nvcc.log"
+    includes = [f"-I{p}" for p in cpp_extension.include_paths()]
+    command = [
+        str(nvcc), "-c", str(source), "-o", str(obj), "-std=c++20", "-O3", "--use_fast_math",
+        f"-gencode=arch=compute_{arch},code=sm_{arch}", "-Xptxas=-v", "-Xcompiler=-fPIC",
+        f"-DWB_NAMESPACE=wb_softmax_check_{key}", *cpp_extension.COMMON_NVCC_FLAGS, *includes,
+    ]
+    if obj.is_file() and log_path.is_file():
+        log = log_path.read_text()
+        return CompileCheck(True, 0.0, True, command, log, _ptxas_registers(log))
+    t0 = time.perf_counter()
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    seconds = time.perf_counter() - t0
+    log = proc.stdout + proc.stderr
+    if proc.returncode == 0:
+        log_path.write_text(log)
+    else:
+        obj.unlink(missing_ok=True)
+    return CompileCheck(proc.returncode == 0, seconds, False, command, log, _ptxas_registers(log))
+
+
+def _ptxas_registers(log: str) -> dict[str, int]:
+    """{kernel: registers per thread} from ``nvcc -Xptxas=-v`` output, kernel names demangled and shortened."""
+    found: dict[str, int] = {}
+    current = None
+    for line in log.splitlines():
+        m = re.search(r"Compiling entry function '(\w+)'", line)
+        if m:
+            current = m.group(1)
+        m = re.search(r"Used (\d+) registers", line)
+        if m and current:
+            found[current] = int(m.group(1))
+            current = None
+    names = _demangle(list(found))
+    return {names[k]: v for k, v in found.items()}
+
+
+def _demangle(symbols: list[str]) -> dict[str, str]:
+    """Mangled kernel symbol -> "kernel<template args>" (c++filt where present, else the symbol itself)."""
+    try:
+        proc = subprocess.run(["c++filt"], input="\n".join(symbols), capture_output=True, text=True, timeout=30)
+        plain = proc.stdout.splitlines()
+    except (OSError, subprocess.SubprocessError):
+        plain = []
+    if len(plain) != len(symbols):
+        return {s: s for s in symbols}
+    out = {}
+    for symbol, name in zip(symbols, plain, strict=True):
+        name = name.replace("(anonymous namespace)::", "").removeprefix("void ")
+        out[symbol] = name.split("(", 1)[0].replace("c10::", "")
+    return out
+
+
+def source_excerpt(block: str, file: str = "softmax.cpp") -> str:
+    """The lines between ``// BEGIN <block>`` and ``// END <block>`` in a kernel source (lesson 06 prints them)."""
+    text = (KERNEL_DIR / file).read_text()
+    m = re.search(rf"^// BEGIN {re.escape(block)}\n(.*?)^// END {re.escape(block)}$", text, re.S | re.M)
+    if not m:
+        blocks = re.findall(r"^// BEGIN (.+)$", text, re.M)
+        raise KeyError(f"no block {block!r} in {file}; blocks: {blocks}")
+    return m.group(1).rstrip()

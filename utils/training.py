@@ -1,0 +1,381 @@
+"""A ResNet training loop with one switch per performance fix (lesson 03 and its lab).
+
+``LoopConfig()`` is the slow loop a hurried engineer writes: the DataLoader decodes and augments in the main process
+(num_workers=0), every step reads the loss, the accuracy and a per-parameter gradient norm back to Python (host
+syncs) and writes a log line, the batch is cloned "to be safe", a deep copy of the weights is kept after every step,
+and gradients are zeroed in place. ``LoopConfig.fast(...)`` turns the fixes on; each field is one fix, so a lesson can
+apply them one at a time and measure each.
+
+``Trainer(dataset, config, batch_size=...)`` owns the model, optimizer and loader; ``trainer.step()`` runs one
+training step with every phase labelled for the profiler (utils.profiling.phase) and, on a GPU, NVTX ranges for
+Nsight. ``trainer.losses()`` returns the loss of every step, read back with a single sync at the end when the loop
+does not sync per step.
+
+``python -m utils.training --config fast --steps 30 --nvtx`` runs the loop outside Jupyter (what nsys/ncu wrap).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import dataclasses
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+from utils import env
+from utils.profiling import phase
+
+__all__ = ["LoopConfig", "fixes", "Fix", "Trainer", "compare_loops", "amp_dtype", "synthetic_step", "main"]
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """The switches of the training loop. The defaults are the slow loop; every field is one fix (lesson 03)."""
+
+    host_syncs: bool = True  # per step: loss.item(), accuracy.item(), a .item() per parameter's grad norm, a log line
+    needless_copies: bool = True  # clone the batch, keep a deep copy of the weights after every step
+    set_to_none: bool = False  # optimizer.zero_grad(set_to_none=...)
+    num_workers: int = 0  # DataLoader worker processes (decode + augment off the training thread)
+    pin_memory: bool = False  # page-locked host batches for faster, asynchronous host-to-GPU copies (GPU only)
+    persistent_workers: bool = False  # keep workers alive between epochs
+    channels_last: bool = False  # NHWC memory format for the model and the batch
+    amp: bool = False  # autocast: bf16 on CPU, fp16 + GradScaler on CUDA
+    cudnn_benchmark: bool = False  # let cuDNN time its algorithms and pick the fastest per shape (GPU only)
+    compile_backend: str | None = None  # torch.compile(model, backend=...): "inductor", or "eager" for a cheap check
+    nvtx: bool = False  # NVTX ranges per phase (GPU only; Nsight Systems shows them)
+
+    def __post_init__(self):
+        if not isinstance(self.num_workers, int) or self.num_workers < 0:
+            raise ValueError(f"num_workers must be an int >= 0, got {self.num_workers!r}")
+        if self.persistent_workers and self.num_workers == 0:
+            raise ValueError("persistent_workers=True needs num_workers > 0 (there are no workers to keep)")
+        if self.compile_backend is not None and not isinstance(self.compile_backend, str):
+            raise ValueError(f"compile_backend must be a backend name such as 'inductor' or None, got {self.compile_backend!r}")
+
+    def with_(self, **changes) -> LoopConfig:
+        """A copy with some switches changed (unknown names are an error)."""
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ValueError(f"unknown LoopConfig field(s) {sorted(unknown)}; fields: {[f.name for f in dataclasses.fields(self)]}")
+        return dataclasses.replace(self, **changes)
+
+    def diff(self, other: LoopConfig | None = None) -> dict:
+        """The switches that differ from `other` (default: the slow loop), as {name: value}."""
+        other = other or LoopConfig()
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if getattr(self, f.name) != getattr(other, f.name)}
+
+    def describe(self) -> str:
+        changed = self.diff()
+        return "slow loop" if not changed else ", ".join(f"{k}={v}" for k, v in changed.items())
+
+    @classmethod
+    def fast(cls, *, num_workers: int = 1, channels_last: bool = False, amp: bool = False,
+             compile_backend: str | None = None) -> LoopConfig:
+        """The waste removed (no per-step syncs or copies, set_to_none, workers) plus the chosen trade-offs."""
+        import torch
+
+        cuda = torch.cuda.is_available()
+        return cls(host_syncs=False, needless_copies=False, set_to_none=True, num_workers=num_workers,
+                   pin_memory=cuda and num_workers > 0, persistent_workers=num_workers > 0,
+                   channels_last=channels_last, amp=amp, cudnn_benchmark=cuda, compile_backend=compile_backend)
+
+
+@dataclass(frozen=True)
+class Fix:
+    """One fix: the phases of the step it targets, whether it is pure waste removal, and the switches it sets."""
+
+    name: str
+    phases: tuple[str, ...]
+    waste: bool  # pure waste removal (cannot cost anything) vs a trade-off that must win its measurement
+    changes: dict
+    gpu_only: bool = False
+
+
+def fixes(*, num_workers: int = 1, compile_backend: str = "inductor") -> list[Fix]:
+    """The fixes lesson 03 tries, with the profile phase each one attacks."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    return [
+        Fix("remove per-step host syncs", ("logging",), True, {"host_syncs": False}),
+        Fix("remove needless copies", ("copy",), True, {"needless_copies": False}),
+        Fix("zero_grad(set_to_none=True)", ("zero_grad", "backward"), True, {"set_to_none": True}),
+        Fix(f"DataLoader workers={num_workers}" + (" + pin_memory" if cuda else ""), ("data", "to_device"), False,
+            {"num_workers": num_workers, "persistent_workers": num_workers > 0, "pin_memory": cuda and num_workers > 0}),
+        Fix("channels_last", ("forward", "backward"), False, {"channels_last": True}),
+        Fix("AMP autocast (" + ("fp16 + GradScaler" if cuda else "bf16") + ")", ("forward", "backward"), False,
+            {"amp": True}),
+        Fix("cudnn.benchmark", ("forward", "backward"), False, {"cudnn_benchmark": True}, gpu_only=True),
+        Fix(f"torch.compile ({compile_backend})", ("forward", "backward"), False, {"compile_backend": compile_backend}),
+    ]
+
+
+def amp_dtype(device):
+    """The autocast dtype the loop uses on `device`: float16 on CUDA (with loss scaling), bfloat16 on CPU."""
+    import torch
+
+    return torch.float16 if torch.device(device).type == "cuda" else torch.bfloat16
+
+
+def _inductor_cache_in_build() -> None:
+    # Compiled kernels go under build/ like every other artefact (respect a cache dir the user already chose).
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(env.build_dir() / "torchinductor"))
+
+
+class Trainer:
+    """Model + optimizer + DataLoader + one training step, built from a LoopConfig (lesson 03).
+
+    Two trainers with the same seed, dataset and batch size see the same batches in the same order and start from
+    the same weights, whatever their configs: their losses can be compared step by step.
+    """
+
+    def __init__(self, dataset, config: LoopConfig | None = None, *, batch_size: int, device="cpu", seed: int = 0,
+                 lr: float = 0.05, model: str = "resnet50", num_classes: int = 10, log_path=None):
+        import torch
+
+        from utils import image_data, models
+
+        self.config = config or LoopConfig()
+        if not isinstance(self.config, LoopConfig):
+            raise TypeError(f"config must be a LoopConfig, got {type(self.config).__name__}")
+        self.device = torch.device(device)
+        cuda = self.device.type == "cuda"
+        if cuda and not torch.cuda.is_available():
+            raise RuntimeError("a CUDA device was asked for but none is visible; use device='cpu'")
+        self.batch_size = batch_size
+        self.net = models.vision_model(model, seed=seed, num_classes=num_classes).train().to(self.device)
+        if self.config.channels_last:
+            self.net = self.net.to(memory_format=torch.channels_last)
+        self.params = [p for p in self.net.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.SGD(self.params, lr=lr, momentum=0.9)
+        self.forward = self.net
+        if self.config.compile_backend:
+            _inductor_cache_in_build()
+            self.forward = torch.compile(self.net, backend=self.config.compile_backend)
+        self.scaler = torch.amp.GradScaler("cuda", enabled=cuda and self.config.amp)
+        self.loader = image_data.make_loader(
+            dataset, batch_size, num_workers=self.config.num_workers, pin_memory=self.config.pin_memory,
+            persistent_workers=self.config.persistent_workers, seed=seed,
+        )
+        if len(self.loader) == 0:
+            raise ValueError(f"the dataset ({len(dataset)} samples) is smaller than one batch of {batch_size}")
+        self._iter = None
+        self._losses: list = []
+        self._best_weights = None
+        self.steps_done = 0
+        self._log_path = log_path or env.build_dir() / "logs" / "lesson03_train.log"
+        self._log = None
+
+    # -- the step -------------------------------------------------------------------------------------------------
+    def _next_batch(self):
+        if self._iter is None:
+            self._iter = iter(self.loader)
+        try:
+            return next(self._iter)
+        except StopIteration:  # end of an epoch: start the next one (persistent workers survive this)
+            self._iter = iter(self.loader)
+            return next(self._iter)
+
+    def step(self) -> None:
+        """One training step: data, copy to the device, zero_grad, forward, backward, optimizer, logging."""
+        import torch
+        import torch.nn.functional as F
+
+        cfg, nvtx, dev = self.config, self.config.nvtx, self.device
+        if dev.type == "cuda":
+            torch.backends.cudnn.benchmark = cfg.cudnn_benchmark  # global switch: set it for this loop's step
+        with phase("data", nvtx):
+            images, labels = self._next_batch()
+        with phase("copy" if cfg.needless_copies else "to_device", nvtx):
+            if cfg.needless_copies:  # "to be safe": copies nobody needs
+                images = images.clone().contiguous()
+                labels = torch.tensor(labels.tolist())
+            images = images.to(dev, non_blocking=cfg.pin_memory)
+            labels = labels.to(dev, non_blocking=cfg.pin_memory)
+            if cfg.channels_last:
+                images = images.contiguous(memory_format=torch.channels_last)
+        with phase("zero_grad", nvtx):
+            self.optimizer.zero_grad(set_to_none=cfg.set_to_none)
+        with phase("forward", nvtx):
+            with torch.autocast(dev.type, dtype=amp_dtype(dev), enabled=cfg.amp):
+                logits = self.forward(images)
+                loss = F.cross_entropy(logits, labels)
+        with phase("backward", nvtx):
+            self.scaler.scale(loss).backward()
+        with phase("optimizer", nvtx):
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        with phase("logging", nvtx):
+            if cfg.host_syncs:
+                self._log_step(loss, logits, labels)
+            else:
+                self._losses.append(loss.detach())  # stays on the device: no sync
+        if cfg.needless_copies:
+            with phase("copy", nvtx):
+                self._best_weights = copy.deepcopy(self.net.state_dict())  # "keep the latest weights, just in case"
+        self.steps_done += 1
+
+    def _log_step(self, loss, logits, labels) -> None:
+        loss_value = loss.item()  # host sync
+        accuracy = (logits.argmax(1) == labels).float().mean().item()  # host sync
+        grad_norm = sum(p.grad.norm().item() ** 2 for p in self.params if p.grad is not None) ** 0.5  # one per tensor
+        if self._log is None:
+            self._log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log = open(self._log_path, "a")  # noqa: SIM115 (closed in close())
+        print(f"step {self.steps_done} loss {loss_value:.4f} acc {accuracy:.3f} grad_norm {grad_norm:.3f}",
+              file=self._log, flush=True)
+        self._losses.append(loss_value)
+
+    # -- results and lifetime ------------------------------------------------------------------------------------
+    def run(self, steps: int, progress: bool = False) -> list[float]:
+        """Run `steps` steps; returns the losses of those steps."""
+        if steps < 1:
+            raise ValueError(f"steps must be positive, got {steps}")
+        start = len(self._losses)
+        it = range(steps)
+        if progress:
+            from tqdm.auto import tqdm
+
+            it = tqdm(it, desc=self.config.describe()[:40], leave=False)
+        for _ in it:
+            self.step()
+        return self.losses()[start:]
+
+    def losses(self) -> list[float]:
+        """The loss of every step so far, as floats (one host sync for the whole list when steps did not sync)."""
+        import torch
+
+        tensors = [(i, v) for i, v in enumerate(self._losses) if not isinstance(v, float)]
+        if tensors:
+            values = torch.stack([v.float() for _, v in tensors]).tolist()
+            for (i, _), value in zip(tensors, values, strict=True):
+                self._losses[i] = value
+        return list(self._losses)
+
+    def close(self) -> None:
+        """Stop the DataLoader workers and close the log file."""
+        it, self._iter = self._iter, None
+        for obj in (it, getattr(self.loader, "_iterator", None)):
+            if obj is not None and hasattr(obj, "_shutdown_workers"):
+                obj._shutdown_workers()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        with contextlib.suppress(Exception):
+            self.close()
+
+
+def compare_loops(trainers: dict, *, min_run_time: float = 1.0, rounds: int = 2, baseline: str | None = None,
+                  verbose: bool = True) -> dict:
+    """Time `trainer.step` of each trainer side by side (utils.bench.measure), round-robin `rounds` times (lesson 03).
+
+    Each trainer warms up for 1 + 2 * num_workers steps before each round, so batches its workers prefetched while
+    another loop was being timed are used up first and cannot flatter it. Returns {name: BenchResult}, keeping each
+    trainer's best round, and prints each one's speedup over `baseline` (default: the first).
+    """
+    from utils import bench
+
+    if not trainers:
+        raise ValueError("compare_loops() needs at least one trainer")
+    bad = [k for k, t in trainers.items() if not isinstance(t, Trainer)]
+    if bad:
+        raise TypeError(f"compare_loops() takes Trainer objects; not Trainers: {bad}")
+    baseline = baseline or next(iter(trainers))
+    if baseline not in trainers:
+        raise KeyError(f"baseline {baseline!r} is not among {list(trainers)}")
+    best: dict = {}
+    for _ in range(rounds):
+        for name, tr in trainers.items():
+            res = bench.measure(tr.step, label=name, warmup=1 + 2 * tr.config.num_workers,
+                                min_run_time=min_run_time, items=tr.batch_size)
+            if name not in best or res.median_ms < best[name].median_ms:
+                best[name] = res
+    if verbose:
+        base = best[baseline].median_ms
+        for name, res in best.items():
+            print(f"  {name:38s} {res.median_ms:9.1f} ms/step (IQR {res.iqr_ms:6.1f}, {res.runs} steps)"
+                  f"  {base / res.median_ms:5.2f}x vs {baseline}")
+    return best
+
+
+def synthetic_step(batch_size: int, image_size: int, *, amp: bool = False, channels_last: bool = False,
+                   device="cpu", model: str = "resnet50", seed: int = 0):
+    """A training step on one fixed random batch (no data loading): pure compute, for the AMP resolution sweep."""
+    import torch
+    import torch.nn.functional as F
+
+    from utils import models
+
+    dev = torch.device(device)
+    torch.manual_seed(seed)
+    net = models.vision_model(model, seed=seed, num_classes=10).train().to(dev)
+    x = torch.randn(batch_size, 3, image_size, image_size, device=dev)
+    y = torch.randint(0, 10, (batch_size,), device=dev)
+    if channels_last:
+        net, x = net.to(memory_format=torch.channels_last), x.contiguous(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+    scaler = torch.amp.GradScaler("cuda", enabled=dev.type == "cuda" and amp)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(dev.type, dtype=amp_dtype(dev), enabled=amp):
+            loss = F.cross_entropy(net(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        return loss
+
+    return step
+
+
+def main(argv=None) -> int:
+    """Run the loop outside Jupyter, e.g. under `nsys profile` (lesson 03's Nsight section)."""
+    parser = argparse.ArgumentParser(prog="python -m utils.training", description="lesson 03 training loop")
+    parser.add_argument("--config", choices=["slow", "fast"], default="fast")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--image-size", type=int, default=32)
+    parser.add_argument("--num-workers", type=int, default=4)
+    parser.add_argument("--amp", action="store_true")
+    parser.add_argument("--nvtx", action="store_true", help="emit NVTX ranges per phase (and per op via emit_nvtx)")
+    parser.add_argument("--device", default="auto")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from utils import image_data
+
+    device = env.choose_device(args.device)
+    config = LoopConfig() if args.config == "slow" else LoopConfig.fast(num_workers=args.num_workers, amp=args.amp)
+    config = config.with_(nvtx=args.nvtx)
+    images = image_data.synthetic_cifar(1024)
+    dataset = image_data.AugmentedImages(images, image_size=args.image_size, length=args.steps * args.batch_size)
+    with Trainer(dataset, config, batch_size=args.batch_size, device=device) as trainer:
+        trainer.run(min(3, args.steps))  # warm-up outside the capture range
+        nvtx_ctx = torch.autograd.profiler.emit_nvtx() if args.nvtx and device.type == "cuda" else contextlib.nullcontext()
+        capture = torch.cuda.profiler.profile() if device.type == "cuda" else contextlib.nullcontext()
+        t0 = time.perf_counter()
+        with capture, nvtx_ctx:
+            trainer.run(max(1, args.steps - 3))
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+        seconds = time.perf_counter() - t0
+        losses = trainer.losses()
+    print(f"{config.describe()}: {seconds / max(1, args.steps - 3) * 1e3:.1f} ms/step, last loss {losses[-1]:.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
