@@ -104,3 +104,65 @@ def test_parity_accepts_numpy_inputs(tiny_onnx):
     sess = ot.ort_session(path)
     x = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
     assert ot.parity(lambda t: model(torch.as_tensor(t)), sess, x) < 1e-5
+
+
+def test_dynamo_export_writes_external_data_and_is_counted(tmp_path):
+    model = Tiny().eval()
+    path = ot.export_model(model, (torch.randn(2, 8),), tmp_path / "tiny_dyn.onnx", input_names=["x"],
+                           output_names=["y"], dynamo=True, opset=17,
+                           dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=64)},))
+    proto = onnx.load(str(path), load_external_data=False)
+    assert proto.opset_import[0].version >= 18  # the torch.export-based exporter implements opset 18+
+    assert ot.onnx_size_bytes(path) >= path.stat().st_size
+    sess = ot.ort_session(path)
+    assert ot.parity(model, sess, [(torch.randn(b, 8),) for b in (1, 5)]) < 1e-5
+
+
+def test_calibration_reader_and_static_quantization(tiny_onnx, tmp_path):
+    from onnxruntime.quantization import QuantFormat, quantize_static
+
+    model, path = tiny_onnx
+    reader = ot.calibration_reader("x", [torch.randn(4, 8), np.ones((4, 8), np.float32)])
+    first = reader.get_next()
+    assert set(first) == {"x"} and first["x"].shape == (4, 8)
+    reader.rewind()
+    out = tmp_path / "tiny_int8.onnx"
+    quantize_static(str(path), str(out), reader, quant_format=QuantFormat.QDQ)
+    assert "QuantizeLinear" in ot.op_histogram(out)
+    with pytest.raises(ValueError, match="at least one batch"):
+        ot.calibration_reader("x", [])
+
+
+def test_to_fp16_keeps_io_types_and_is_close(tiny_onnx, tmp_path):
+    model, path = tiny_onnx
+    out = ot.to_fp16(path, tmp_path / "tiny_fp16.onnx")
+    sess = ot.ort_session(out)
+    assert sess.get_inputs()[0].type == "tensor(float)"
+    assert ot.parity(model, sess, torch.randn(3, 8), atol=1e-2, rtol=1e-2) < 1e-2
+    with pytest.raises(FileNotFoundError):
+        ot.to_fp16(tmp_path / "missing.onnx", tmp_path / "x.onnx")
+
+
+def test_trt_helpers_without_tensorrt(tmp_path):
+    from utils import trt as trt_tools
+
+    cmd = trt_tools.trtexec_command(tmp_path / "m.onnx", tmp_path / "m.plan", input_name="images",
+                                    sample_shape=(3, 224, 224), min_batch=1, opt_batch=8, max_batch=32)
+    assert "--minShapes=images:1x3x224x224" in cmd and "--maxShapes=images:32x3x224x224" in cmd
+    assert "--fp16" in cmd and cmd.startswith("trtexec ")
+    assert "--fp16" not in trt_tools.trtexec_command("a.onnx", "a.plan", input_name="x", sample_shape=(4,), fp16=False)
+    with pytest.raises(ValueError, match="min_batch <= opt_batch"):
+        trt_tools.trtexec_command("a.onnx", "a.plan", input_name="x", sample_shape=(4,), min_batch=8, opt_batch=2)
+    with pytest.raises(ValueError, match="sample_shape"):
+        trt_tools.trtexec_command("a.onnx", "a.plan", input_name="x", sample_shape=(0, 3))
+    summary = trt_tools.fusion_summary({"Layers": [{"Name": "conv1 + bn1 + relu1", "LayerType": "CaskConvolution"},
+                                                   {"Name": "fc", "LayerType": "CaskGemm"}, "reformat"]})
+    assert summary["layers"] == 3 and summary["fused_layers"] == 1
+    assert summary["types"]["CaskConvolution"] == 1
+    providers = trt_tools.ort_tensorrt_providers(tmp_path / "cache")
+    assert providers[0][0] == "TensorrtExecutionProvider" and providers[-1] == "CPUExecutionProvider"
+    import importlib.util
+
+    if importlib.util.find_spec("tensorrt") is None:
+        with pytest.raises(trt_tools.TensorRTMissing, match="not installed"):
+            trt_tools.build_engine(tmp_path / "m.onnx", tmp_path / "m.plan", input_name="images", sample_shape=(3, 8, 8))

@@ -69,10 +69,16 @@ def built(tmp_path_factory):
         (executed / "diagram.png").write_bytes(base64.b64decode(png))
         first.cells.insert(1, nbformat.v4.new_markdown_cell("A diagram from a file: ![diagram](diagram.png)"))
         code = next(c for c in first.cells if c.cell_type == "code")
+        widget = {"model_id": "0123abcd", "version_major": 2, "version_minor": 0}
         code.outputs = [
             nbformat.v4.new_output("stream", name="stdout", text="measured 1.23 GB/s\n"),
             nbformat.v4.new_output("display_data", data={"image/png": png, "text/plain": "<Figure>"}),
+            nbformat.v4.new_output("display_data", data={
+                "application/vnd.jupyter.widget-view+json": widget, "text/plain": "Quiz",
+                "text/html": "<details><summary>Show the answer</summary><p>hidden answer</p></details>"}),
         ]
+        first.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {
+            "state": {"0123abcd": {"model_name": "VBoxModel", "state": {}}}, "version_major": 2, "version_minor": 0}}
         nbformat.write(first, str(executed / lessons[0].name))
         (build / "results").mkdir()
         (build / "results" / f"{lessons[0].stem}.json").write_text(json.dumps(
@@ -109,6 +115,7 @@ def test_pages_are_offline_and_navigable(built):
     first = (out / f"{lessons[0].stem}.html").read_text()
     assert "data:image/png;base64," in first and "diagram.png" not in re.sub(r'alt="[^"]*"', "", first)
     assert "Executed in smoke mode" in first
+    assert "<summary>Show the answer</summary>" in first and "widget-view+json" not in first  # widgets fall back
     if len(lessons) > 1:
         assert "has not been run on this machine yet" in (out / f"{lessons[1].stem}.html").read_text()
 

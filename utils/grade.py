@@ -16,7 +16,8 @@ Isolation (Linux). Every submission runs inside fresh user, network, mount and P
 it), so nothing outside the sandbox can be reached; every mount except the scratch folder is remounted read-only,
 with private empty tmpfs on /tmp and /dev/shm; all capabilities are dropped and no_new_privs is set before the
 notebook runs, so it cannot undo the read-only mounts; HOME, TMPDIR, WORKBOOK_BUILD_DIR, IPYTHONDIR, MPLCONFIGDIR
-and JUPYTER_RUNTIME_DIR point into the scratch folder; when the timeout expires the whole PID namespace is killed.
+and JUPYTER_RUNTIME_DIR point into the scratch folder (seeded with a copy of the compiled lesson 06 extensions from
+the build folder, so the lab does not rebuild them); when the timeout expires the whole PID namespace is killed.
 ``sandbox()`` probes this once and checks it (a write outside scratch must fail, only ``lo`` may exist). Where
 user namespaces are disabled, root gets the same without the user namespace. Where neither works, grading refuses
 to run unless ``--unsafe-no-sandbox`` is given, and then says so. Not enforced: CPU and memory limits (use the
@@ -37,7 +38,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from utils import env
@@ -406,20 +406,46 @@ def _scratch_env(scratch: Path, smoke: bool) -> dict[str, str]:
 
 
 def _run(nb_in: Path, nb_out: Path, timeout: int) -> int:
-    """Stage 2, inside the sandbox: execute the notebook, keep going after errors, save what ran."""
+    """Stage 2, inside the sandbox: execute the notebook cell by cell within `timeout` seconds in total (kernel
+    start included), keep going after errors, and save the notebook after every cell so a kill keeps what ran."""
+    import time
+
     import nbformat
     from nbclient import NotebookClient
+    from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
+    deadline = time.monotonic() + timeout
     nb = nbformat.read(str(nb_in), as_version=4)
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
                             resources={"metadata": {"path": str(nb_in.parent)}})
     status = {"error": ""}
+
+    def save():
+        nb.metadata["grade_status"] = status
+        nbformat.write(nb, str(nb_out))
+
     try:
-        client.execute()
-    except Exception as exc:  # timeout or a dead kernel: the partial notebook is still graded
-        status["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:200]
-    nb.metadata["grade_status"] = status
-    nbformat.write(nb, str(nb_out))
+        with client.setup_kernel():
+            for index, cell in enumerate(nb.cells):
+                if cell.cell_type != "code":
+                    continue
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    status["error"] = f"Timeout: the submission used its {timeout} s"
+                    break
+                client.timeout = max(1, int(remaining))
+                try:
+                    client.execute_cell(cell, index)
+                except CellTimeoutError:
+                    status["error"] = f"Timeout: cell {index} was still running when the {timeout} s ran out"
+                    break
+                except DeadKernelError as exc:
+                    status["error"] = f"DeadKernelError: {exc}"[:200]
+                    break
+                save()
+    except Exception as exc:  # a kernel that fails to start or dies between cells: graded as what ran
+        status["error"] = status["error"] or f"{type(exc).__name__}: {str(exc).strip()[:160]}"
+    save()
     return 0
 
 
@@ -487,6 +513,9 @@ def grade_one(sub: Submission, scratch_root: Path, *, timeout: int = 300, smoke:
         if problem:
             return [{"learner": sub.learner, "lab": sub.lab, "check": name, "status": "error", "detail": _short(problem),
                      "seconds": 0.0} for name, _ in checks]
+        cache = env.build_dir() / "kernels"  # lesson 06's compiled extensions (make warmup): reuse, don't rebuild
+        if cache.is_dir():
+            shutil.copytree(cache, scratch / "build" / "kernels", dirs_exist_ok=True)
         nb_out = scratch / "executed.ipynb"
         runner = [sys.executable, "-m", "utils.grade", "_run", str(nb_in), str(nb_out), "--timeout", str(timeout)]
         command = [*box.prefix, *_stage(scratch, runner)] if box.enforced else runner
@@ -494,7 +523,7 @@ def grade_one(sub: Submission, scratch_root: Path, *, timeout: int = 300, smoke:
         proc = subprocess.Popen(command, cwd=scratch, env=_scratch_env(scratch, smoke), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
-            log, _ = proc.communicate(timeout=timeout + 60)
+            log, _ = proc.communicate(timeout=timeout + 30)  # the runner stops itself at `timeout`
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             log, _ = proc.communicate()
@@ -508,8 +537,8 @@ def grade_one(sub: Submission, scratch_root: Path, *, timeout: int = 300, smoke:
                      "seconds": 0.0} for name, _ in checks]
         nb = nbformat.read(str(nb_out), as_version=4)
         run_error = nb.metadata.get("grade_status", {}).get("error", "")
-        if "Timeout" in run_error:
-            end_state = f"timeout: a cell ran longer than {timeout} s ({run_error})"
+        if run_error.startswith("Timeout"):
+            end_state = f"timeout: {run_error.split(': ', 1)[1]}"
         elif run_error:
             end_state = run_error
         return _classify(nb, positions, checks, sub, end_state)

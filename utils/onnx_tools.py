@@ -30,6 +30,7 @@ __all__ = [
     "minilm_inputs",
     "calibration_reader",
     "to_fp16",
+    "warmup",
 ]
 
 MINILM_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -412,3 +413,27 @@ def to_fp16(path, out_path, *, keep_io_types: bool = True) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(half, str(out))
     return out
+
+
+def warmup() -> str:
+    """Instructor-kit hook (`make warmup`, utils.warmup): pay the first-use costs of lesson 04 once (lesson 04).
+
+    Imports ONNX Runtime's transformer optimizer and quantizer and runs both exporters on a tiny model, so the first
+    export in the lesson does not also pay for importing onnxscript and torch.export's machinery.
+    """
+    import tempfile
+    import time
+
+    import torch
+
+    t0 = time.perf_counter()
+    import onnxruntime.quantization  # noqa: F401
+    import onnxruntime.transformers.optimizer  # noqa: F401
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval()
+    with tempfile.TemporaryDirectory() as tmp:
+        for dynamo in (False, True):
+            path = export_model(model, (torch.randn(2, 4),), Path(tmp) / f"tiny_{dynamo}.onnx", input_names=["x"],
+                                output_names=["y"], dynamo=dynamo)
+            parity(model, ort_session(path), torch.randn(2, 4))
+    return f"both exporters and ONNX Runtime's optimizer/quantizer warmed up in {time.perf_counter() - t0:.1f} s"

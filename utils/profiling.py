@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +38,7 @@ __all__ = [
 ]
 
 PHASE_PREFIX = "phase/"
-_STEP_PREFIX = "ProfilerStep#"
+_STEP_PREFIX = "ProfilerStep"
 
 
 @contextlib.contextmanager
@@ -97,6 +98,8 @@ def profile_steps(step, *, wait: int = 1, warmup: int = 1, active: int = 3, trac
     activities = [ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(ProfilerActivity.CUDA)
+    else:  # kineto's C++ log lines (profiler_start/stop, a failed GPU probe) are noise without a GPU
+        os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     trace_path = env.build_dir() / "traces" / f"{trace_name}.json" if trace_name else None
     if tensorboard is None:
         tensorboard = importlib.util.find_spec("tensorboard") is not None

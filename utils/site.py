@@ -7,7 +7,7 @@ the JupyterLab look. The executed copy from build/executed/ is used where it exi
 yet is rendered from its source with a banner saying so, so the site always lists every lesson. Each page carries
 the same navigation (index, previous, next, every lesson, the report). Pages are self-contained: images are embedded,
 and the scripts the stock template loads from CDNs (require.js, MathJax, mermaid, the widget manager) are left out,
-so nothing is fetched from the network (TeX in Markdown shows as source). build/site/index.html lists the lessons
+so nothing is fetched from the network (TeX in Markdown shows as source; a widget shows its HTML fallback). build/site/index.html lists the lessons
 with their run mode and time; build/site/report.html is the course report with the same navigation.
 """
 
@@ -142,6 +142,9 @@ def _render_lesson(exporter, page: Page, pages: list[Page], out_dir: Path) -> Pa
     import nbformat
 
     nb = nbformat.read(str(page.notebook), as_version=4)
+    # without the widget manager script (it comes from a CDN) widgets cannot render offline: dropping their saved
+    # state makes nbconvert fall back to each output's HTML version (the quiz of lesson 07 carries one)
+    nb.metadata.pop("widgets", None)
     banner = ""
     if not page.executed:
         banner = ('<div class="site-banner">This lesson has not been run on this machine yet, so the page shows its '

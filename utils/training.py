@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from utils import env
 from utils.profiling import phase
 
-__all__ = ["LoopConfig", "fixes", "Fix", "Trainer", "compare_loops", "amp_dtype", "synthetic_step", "main"]
+__all__ = ["LoopConfig", "fixes", "Fix", "FixTrial", "try_fix", "Trainer", "compare_loops", "amp_dtype", "synthetic_step", "main"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,7 @@ class LoopConfig:
     host_syncs: bool = True  # per step: loss.item(), accuracy.item(), a .item() per parameter's grad norm, a log line
     needless_copies: bool = True  # clone the batch, keep a deep copy of the weights after every step
     set_to_none: bool = False  # optimizer.zero_grad(set_to_none=...)
+    fused_optimizer: bool = False  # SGD(fused=True): one kernel over all parameters instead of ~3 small ops per tensor
     num_workers: int = 0  # DataLoader worker processes (decode + augment off the training thread)
     pin_memory: bool = False  # page-locked host batches for faster, asynchronous host-to-GPU copies (GPU only)
     persistent_workers: bool = False  # keep workers alive between epochs
@@ -79,39 +80,99 @@ class LoopConfig:
         import torch
 
         cuda = torch.cuda.is_available()
-        return cls(host_syncs=False, needless_copies=False, set_to_none=True, num_workers=num_workers,
+        return cls(host_syncs=False, needless_copies=False, set_to_none=True, fused_optimizer=True,
+                   num_workers=num_workers,
                    pin_memory=cuda and num_workers > 0, persistent_workers=num_workers > 0,
                    channels_last=channels_last, amp=amp, cudnn_benchmark=cuda, compile_backend=compile_backend)
 
 
 @dataclass(frozen=True)
 class Fix:
-    """One fix: the phases of the step it targets, whether it is pure waste removal, and the switches it sets."""
+    """One fix: the profile phases it attacks, whether it is pure waste removal, and its switch settings.
+
+    `options` holds one or more alternative settings (e.g. one per worker count); try_fix() measures them all and
+    keeps the fastest.
+    """
 
     name: str
     phases: tuple[str, ...]
-    waste: bool  # pure waste removal (cannot cost anything) vs a trade-off that must win its measurement
-    changes: dict
+    waste: bool  # pure waste removal (it cannot cost anything) vs a trade-off that has to win its measurement
+    options: tuple[dict, ...]
     gpu_only: bool = False
 
+    def __post_init__(self):
+        if not self.options:
+            raise ValueError(f"fix {self.name!r} needs at least one option")
+        fields = {f.name for f in dataclasses.fields(LoopConfig)}
+        for opt in self.options:
+            if set(opt) - fields:
+                raise ValueError(f"fix {self.name!r}: unknown LoopConfig field(s) {sorted(set(opt) - fields)}")
 
-def fixes(*, num_workers: int = 1, compile_backend: str = "inductor") -> list[Fix]:
-    """The fixes lesson 03 tries, with the profile phase each one attacks."""
+
+def fixes(*, worker_choices=(1, 2), compile_backend: str = "inductor") -> list[Fix]:
+    """The fixes lesson 03 tries, each with the profile phase(s) it attacks."""
     import torch
 
     cuda = torch.cuda.is_available()
+    if not worker_choices or any((not isinstance(n, int)) or n < 1 for n in worker_choices):
+        raise ValueError(f"worker_choices must be worker counts >= 1, got {worker_choices!r}")
+    workers = tuple({"num_workers": n, "persistent_workers": True, "pin_memory": cuda} for n in worker_choices)
     return [
-        Fix("remove per-step host syncs", ("logging",), True, {"host_syncs": False}),
-        Fix("remove needless copies", ("copy",), True, {"needless_copies": False}),
-        Fix("zero_grad(set_to_none=True)", ("zero_grad", "backward"), True, {"set_to_none": True}),
-        Fix(f"DataLoader workers={num_workers}" + (" + pin_memory" if cuda else ""), ("data", "to_device"), False,
-            {"num_workers": num_workers, "persistent_workers": num_workers > 0, "pin_memory": cuda and num_workers > 0}),
-        Fix("channels_last", ("forward", "backward"), False, {"channels_last": True}),
+        Fix("remove per-step host syncs", ("logging",), True, ({"host_syncs": False},)),
+        Fix("remove needless copies", ("copy",), True, ({"needless_copies": False},)),
+        Fix("zero_grad(set_to_none=True)", ("zero_grad",), True, ({"set_to_none": True},)),
+        Fix("fused optimizer (SGD fused=True)", ("optimizer",), False, ({"fused_optimizer": True},)),
+        Fix("DataLoader workers" + (" + pin_memory" if cuda else ""), ("data", "to_device"), False, workers),
+        Fix("channels_last", ("forward", "backward"), False, ({"channels_last": True},)),
         Fix("AMP autocast (" + ("fp16 + GradScaler" if cuda else "bf16") + ")", ("forward", "backward"), False,
-            {"amp": True}),
-        Fix("cudnn.benchmark", ("forward", "backward"), False, {"cudnn_benchmark": True}, gpu_only=True),
-        Fix(f"torch.compile ({compile_backend})", ("forward", "backward"), False, {"compile_backend": compile_backend}),
+            ({"amp": True},)),
+        Fix("cudnn.benchmark", ("forward", "backward"), False, ({"cudnn_benchmark": True},), gpu_only=True),
+        Fix(f"torch.compile ({compile_backend})", ("forward", "backward"), False,
+            ({"compile_backend": compile_backend},)),
     ]
+
+
+@dataclass
+class FixTrial:
+    """What try_fix() measured: the best candidate (a live Trainer), its speedup and every candidate's timing."""
+
+    fix: Fix
+    trainer: Trainer
+    speedup: float
+    current_ms: float
+    candidate_ms: float
+    first_step_ms: float
+    timings: dict
+
+    @property
+    def label(self) -> str:
+        """The fix's name, plus the chosen setting when it had several options (e.g. the worker count)."""
+        varying = [k for k in self.fix.options[0] if len({repr(o.get(k)) for o in self.fix.options}) > 1]
+        chosen = ", ".join(f"{k}={getattr(self.trainer.config, k)}" for k in varying)
+        return f"{self.fix.name} ({chosen})" if chosen else self.fix.name
+
+
+def try_fix(current: Trainer, fix: Fix, dataset, *, min_run_time: float = 1.0, rounds: int = 2,
+            **trainer_kwargs) -> FixTrial:
+    """Build current.config + each option of `fix`, time them side by side with `current`, keep the fastest option.
+
+    The other candidates are closed; the caller decides whether to keep the returned trainer (and closes it if not).
+    `trainer_kwargs` go to Trainer (batch_size, device, lr, ...).
+    """
+    from utils import bench
+
+    candidates, first = {}, {}
+    for i, opt in enumerate(fix.options):
+        name = f"option {i}: " + ", ".join(f"{k}={v}" for k, v in opt.items())
+        candidates[name] = Trainer(dataset, current.config.with_(**opt), **trainer_kwargs)
+        first[name] = bench.first_call_ms(candidates[name].step)  # one-time costs (worker start, compilation)
+    timings = compare_loops({"current loop": current, **candidates}, min_run_time=min_run_time, rounds=rounds)
+    best = min(candidates, key=lambda k: timings[k].median_ms)
+    for name, tr in candidates.items():
+        if name != best:
+            tr.close()
+    cur_ms, best_ms = timings["current loop"].median_ms, timings[best].median_ms
+    return FixTrial(fix, candidates[best], cur_ms / best_ms, cur_ms, best_ms, first[best], timings)
 
 
 def amp_dtype(device):
@@ -151,7 +212,8 @@ class Trainer:
         if self.config.channels_last:
             self.net = self.net.to(memory_format=torch.channels_last)
         self.params = [p for p in self.net.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.SGD(self.params, lr=lr, momentum=0.9)
+        # fused=None lets torch pick its default (a per-tensor loop on CPU tensors); fused=True is one kernel
+        self.optimizer = torch.optim.SGD(self.params, lr=lr, momentum=0.9, fused=self.config.fused_optimizer or None)
         self.forward = self.net
         if self.config.compile_backend:
             _inductor_cache_in_build()
@@ -182,14 +244,18 @@ class Trainer:
 
     def step(self) -> None:
         """One training step: data, copy to the device, zero_grad, forward, backward, optimizer, logging."""
+        with phase("data", self.config.nvtx):
+            images, labels = self._next_batch()
+        self.train_on(images, labels)
+
+    def train_on(self, images, labels) -> None:
+        """The step without the data phase, on a batch you pass (lesson 03 times it on a cached batch)."""
         import torch
         import torch.nn.functional as F
 
         cfg, nvtx, dev = self.config, self.config.nvtx, self.device
         if dev.type == "cuda":
-            torch.backends.cudnn.benchmark = cfg.cudnn_benchmark  # global switch: set it for this loop's step
-        with phase("data", nvtx):
-            images, labels = self._next_batch()
+            torch.backends.cudnn.benchmark = cfg.cudnn_benchmark  # a global switch: set it for this loop's step
         with phase("copy" if cfg.needless_copies else "to_device", nvtx):
             if cfg.needless_copies:  # "to be safe": copies nobody needs
                 images = images.clone().contiguous()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import math
-import statistics
 import time
 
 from utils import inference
@@ -214,13 +213,14 @@ def check_benchmark(benchmark_batches, batch_sizes=(1, 4, 16), image_size: int =
                f"results[{bs}]: {ips:.1f} images/s at {lat:.3f} ms per batch of {bs} is inconsistent: "
                "images_per_s = batch size / (latency in seconds)")
     for bs in batch_sizes:
+        # a per-call latency lies between the fastest and the slowest of the calls it was measured on, however
+        # loaded the machine is; a total over many calls or a unit mix-up (seconds, microseconds) does not
         durations = [c["ms"] for c in rec.calls if c["batch"] == bs]
-        low, high = statistics.median(durations) / 3, statistics.fmean(durations) * 3
+        low, high = min(durations) / 2, max(durations) * 2
         expect(low <= results[bs]["latency_ms"] <= high,
-               f"results[{bs}]['latency_ms'] = {results[bs]['latency_ms']:.3f} ms, but the {len(durations)} model calls "
-               f"of batch {bs} that your benchmark made took {statistics.median(durations):.3f} ms (median) to "
-               f"{statistics.fmean(durations):.3f} ms (mean) each: report the time of ONE call in milliseconds "
-               "(bench.measure(...).median_ms)")
+               f"results[{bs}]['latency_ms'] = {results[bs]['latency_ms']:.3f} ms, but each of the {len(durations)} "
+               f"model calls of batch {bs} that your benchmark made took between {min(durations):.3f} and "
+               f"{max(durations):.3f} ms: report the time of ONE call in milliseconds (bench.measure(...).median_ms)")
     passed("batch-size benchmark", ", ".join(f"bs {bs}: {results[bs]['images_per_s']:.0f} img/s"
                                              for bs in sorted(results)))
     return results

@@ -11,7 +11,7 @@ from utils.labs import LabCheckFailed, call, expect, passed
 
 SEQ_LEN = 16  # the lesson's padding length: the longest sentence of utils/data/sentences.csv, rounded up to 8
 TENSORS_IN = ("input_ids", "attention_mask", "token_type_ids")
-TARGET_GAIN = 1.25  # tuned throughput over the baseline's, at CONCURRENCY, with p95 no higher than the baseline's
+TARGET_GAIN = 1.2  # tuned throughput over the baseline's, at CONCURRENCY, with p95 no higher than the baseline's
 CONCURRENCY = 8
 
 

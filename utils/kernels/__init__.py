@@ -149,20 +149,22 @@ def build(
     """Compile (or load the cached build of) the softmax extension and return it (lesson 06).
 
     `source`: C++ text, a Path, or None for utils/kernels/softmax.cpp. `capability`: "AVX512", "AVX2" or "DEFAULT";
-    None detects this CPU's. `cuda=True` adds softmax.cu (needs a CUDA build of torch and nvcc).
+    None detects this CPU's. `cuda=True` adds softmax.cu (needs a CUDA build of torch and nvcc). The build also gets
+    -fopenmp when torch uses OpenMP: at::parallel_for is header code, serial unless the extension enables OpenMP.
     """
     if not re.fullmatch(r"[a-z][a-z0-9_]{0,30}", name):
         raise ValueError(f"name must be a short lower-case identifier such as 'wb_softmax', got {name!r}")
+    import torch
+
     capability = capability or cpu_capability()
-    cflags = ["-O3", *capability_cflags(capability)]
+    # at::parallel_for is inline code in the headers: without -fopenmp it compiles to a plain serial loop.
+    openmp = ["-fopenmp"] if torch._C.has_openmp else []
+    cflags = ["-O3", *capability_cflags(capability), *openmp]
     texts = _read_sources(source, cuda)
     key = _key(texts, cflags, cuda)
     namespace = f"{name}_{key}"
     if namespace in _loaded:
         return _loaded[namespace]
-
-    import torch
-
     if cuda and not torch.cuda.is_available():
         raise RuntimeError(f"build(cuda=True) needs a CUDA GPU: {env.capabilities()['cuda'].reason}")
     if cuda and env.nvcc_path() is None:
@@ -189,6 +191,7 @@ def build(
                 name=namespace,
                 sources=paths,
                 extra_cflags=[*cflags, define],
+                extra_ldflags=openmp,
                 extra_cuda_cflags=["-O3", define, "--use_fast_math"] if cuda else None,
                 with_cuda=cuda,
                 is_python_module=False,

@@ -20,13 +20,25 @@ from utils import kernels
 __all__ = ["softmax", "softmax_backward", "fused_softmax", "autograd_function", "naive_softmax", "extension_for"]
 
 
+_extensions: dict[str, kernels.Extension] = {}
+
+
 def extension_for(device: torch.device) -> kernels.Extension:
-    """The build that holds kernels for `device`: the CPU build, or the CPU+CUDA build on a GPU (lesson 06)."""
-    if device.type == "cpu":
-        return kernels.build()
-    if device.type == "cuda":
-        return kernels.build(cuda=True)
-    raise RuntimeError(f"the fused softmax has kernels for cpu and cuda tensors, got a tensor on {device}")
+    """The build that holds kernels for `device`: the CPU build, or the CPU+CUDA build on a GPU (lesson 06).
+
+    Looked up once per process (hashing the sources on every call would cost more than a small softmax); restart
+    the kernel after editing softmax.cpp or softmax.cu.
+    """
+    ext = _extensions.get(device.type)
+    if ext is None:
+        if device.type == "cpu":
+            ext = kernels.build()
+        elif device.type == "cuda":
+            ext = kernels.build(cuda=True)
+        else:
+            raise RuntimeError(f"the fused softmax has kernels for cpu and cuda tensors, got a tensor on {device}")
+        _extensions[device.type] = ext
+    return ext
 
 
 @torch.library.custom_op("workbook::softmax", mutates_args=())

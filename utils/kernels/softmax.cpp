@@ -6,7 +6,8 @@
 //                     the same process: the lesson loads a vectorized and a scalar build side by side);
 //   CPU_CAPABILITY_*  the instruction set at::vec::Vectorized may use (AVX2 or AVX512, with the matching -m flags).
 //                     Without it Vectorized<float> silently falls back to plain loops over an array: the kernel
-//                     still compiles and is still correct, it is just several times slower.
+//                     still compiles and is still correct, it is just several times slower;
+//   -fopenmp          at::parallel_for is header code too: without OpenMP it runs every row on one thread.
 //
 // Only light headers are included (no torch/extension.h, no pybind11): the build takes seconds, not a minute.
 
@@ -153,16 +154,12 @@ void row_online(const T* x, T* y, int64_t n) {
     s = s * vexp(m - ref) + ((vexp(a - ref) + vexp(b - ref)) + (vexp(c - ref) + vexp(d - ref)));
     m = mn;
   }
-  // merge the lanes, then the tail that did not fill four vectors
-  A lane_m[V::size()], lane_s[V::size()];
-  m.store(lane_m);
-  s.store(lane_s);
-  A M = neg_inf;
-  for (int64_t k = 0; k < W; ++k) M = nan_max(M, lane_m[k]);
+  // merge the lanes with the same rule (a lane still at -inf has s = 0 and contributes 0 * exp(-inf) = 0),
+  // then the tail that did not fill four vectors
+  A M = reduce_max(m);
   for (int64_t j = i; j < n; ++j) M = nan_max(M, A(x[j]));
   if (!std::isfinite(M)) return fill_nan(y, n);
-  A S = 0;
-  for (int64_t k = 0; k < W; ++k) S += lane_s[k] * std::exp(lane_m[k] - M);
+  A S = reduce_sum(s * vexp(m - V(M)));
   for (int64_t j = i; j < n; ++j) S += std::exp(A(x[j]) - M);
   const A inv = A(1) / S;
   const V vM(M), vinv(inv);
@@ -294,8 +291,13 @@ std::string build_info() {
 #else
   const std::string cap = "DEFAULT (no CPU_CAPABILITY define: Vectorized is a plain loop over an array)";
 #endif
+#if defined(_OPENMP)
+  const std::string par = "OpenMP, " + std::to_string(at::get_num_threads()) + " threads";
+#else
+  const std::string par = "none (built without -fopenmp: at::parallel_for runs serially)";
+#endif
   return "cpu_capability=" + cap + ", Vectorized<float>::size()=" + std::to_string(Vectorized<float>::size()) +
-         ", threads=" + std::to_string(at::get_num_threads());
+         ", parallel=" + par;
 }
 
 }  // namespace

@@ -1,0 +1,108 @@
+"""utils.training (lesson 03): the loop's switches change speed, not results; helpers validate their inputs.
+
+A small ResNet-18 at 16x16 keeps these tests quick; the lesson runs ResNet-50.
+"""
+
+import pytest
+import torch
+
+from utils import bench, image_data, training
+
+SMALL = dict(batch_size=2, model="resnet18", lr=0.001)
+
+
+@pytest.fixture(scope="module")
+def dataset():
+    return image_data.AugmentedImages(image_data.synthetic_cifar(16, cache=False), image_size=16)
+
+
+def test_loop_config_switches():
+    slow = training.LoopConfig()
+    assert slow.describe() == "slow loop" and slow.diff() == {}
+    fast = training.LoopConfig.fast(num_workers=0)
+    assert fast.diff()["host_syncs"] is False and fast.diff()["fused_optimizer"] is True
+    assert "persistent_workers" not in fast.diff()
+    assert slow.with_(amp=True).diff() == {"amp": True}
+    with pytest.raises(ValueError, match="unknown LoopConfig field"):
+        slow.with_(warp_speed=True)
+    with pytest.raises(ValueError, match="persistent_workers"):
+        training.LoopConfig(persistent_workers=True)
+    with pytest.raises(ValueError, match="num_workers"):
+        training.LoopConfig(num_workers=-1)
+    with pytest.raises(ValueError, match="compile_backend"):
+        training.LoopConfig(compile_backend=3)
+
+
+def test_fixes_table():
+    fixes = training.fixes(worker_choices=(1, 2), compile_backend="eager")
+    names = [f.name for f in fixes]
+    assert "channels_last" in names and any("workers" in n for n in names)
+    workers = next(f for f in fixes if any("num_workers" in o for o in f.options))
+    assert [o["num_workers"] for o in workers.options] == [1, 2]
+    assert all(f.phases for f in fixes)
+    with pytest.raises(ValueError, match="worker_choices"):
+        training.fixes(worker_choices=(0,))
+    with pytest.raises(ValueError, match="unknown LoopConfig"):
+        training.Fix("bad", ("forward",), False, ({"nope": 1},))
+
+
+def test_fast_loop_matches_slow_loop_losses(dataset, tmp_path):
+    log = tmp_path / "train.log"
+    with training.Trainer(dataset, training.LoopConfig(), log_path=log, **SMALL) as slow:
+        slow_losses = slow.run(3)
+    fast_cfg = training.LoopConfig.fast(num_workers=1, channels_last=True)
+    with training.Trainer(dataset, fast_cfg, **SMALL) as fast:
+        fast_losses = fast.run(3)
+        assert all(isinstance(v, float) for v in fast.losses())
+    assert len(slow_losses) == len(fast_losses) == 3
+    for a, b in zip(slow_losses, fast_losses, strict=True):
+        assert b == pytest.approx(a, rel=1e-3)
+    lines = log.read_text().splitlines()
+    assert len(lines) == 3 and "grad_norm" in lines[0]
+
+
+def test_epochs_roll_over_and_train_on(dataset):
+    with training.Trainer(dataset, training.LoopConfig.fast(num_workers=0), **SMALL) as tr:
+        tr.run(len(dataset) // 2 + 1)  # one more step than an epoch has batches
+        images, labels = next(iter(image_data.make_loader(dataset, 2)))
+        tr.train_on(images, labels)
+        assert tr.steps_done == len(dataset) // 2 + 2 and len(tr.losses()) == tr.steps_done
+
+
+def test_amp_step_runs_and_tracks_fp32(dataset):
+    assert training.amp_dtype("cpu") == torch.bfloat16
+    with training.Trainer(dataset, training.LoopConfig.fast(num_workers=0), **SMALL) as a, \
+            training.Trainer(dataset, training.LoopConfig.fast(num_workers=0, amp=True), **SMALL) as b:
+        fp32, amp = a.run(2), b.run(2)
+    assert amp[0] == pytest.approx(fp32[0], rel=5e-2)
+
+
+def test_compare_and_try_fix(dataset):
+    with training.Trainer(dataset, training.LoopConfig(), **SMALL) as current:
+        res = training.compare_loops({"slow": current}, min_run_time=0.01, rounds=1, verbose=False)
+        assert isinstance(res["slow"], bench.BenchResult) and res["slow"].items == 2
+        fix = training.Fix("no syncs", ("logging",), True, ({"host_syncs": False},))
+        trial = training.try_fix(current, fix, dataset, min_run_time=0.01, rounds=1, **SMALL)
+        with trial.trainer:
+            assert trial.trainer.config.host_syncs is False and trial.speedup > 0
+            assert trial.label == "no syncs"
+    with pytest.raises(TypeError, match="Trainer"):
+        training.compare_loops({"x": lambda: None})
+    with pytest.raises(ValueError, match="at least one"):
+        training.compare_loops({})
+
+
+def test_trainer_rejects_bad_input(dataset):
+    with pytest.raises(TypeError, match="LoopConfig"):
+        training.Trainer(dataset, {"amp": True}, **SMALL)
+    tiny = image_data.AugmentedImages(image_data.synthetic_cifar(3, cache=False), image_size=16)
+    with pytest.raises(ValueError, match="smaller than one batch"):
+        training.Trainer(tiny, training.LoopConfig(), batch_size=4, model="resnet18")
+    with training.Trainer(dataset, training.LoopConfig(), **SMALL) as tr, pytest.raises(ValueError, match="positive"):
+        tr.run(0)
+
+
+def test_synthetic_step():
+    step = training.synthetic_step(2, 16, model="resnet18", channels_last=True)
+    loss = step()
+    assert loss.ndim == 0 and torch.isfinite(loss)

@@ -1,0 +1,191 @@
+"""Checks for labs/04_onnx_tensorrt_lab.ipynb (lesson 04: export, parity, optimization, int8, a latency budget).
+
+Every check calls the learner's functions itself (through utils.labs.call), so each one fails with a clear
+LabCheckFailed on an untouched lab and none depends on a variable an earlier, failing check would have produced.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from utils import bench, onnx_tools
+from utils.labs import LabCheckFailed, call, expect, passed
+
+ATOL, RTOL = 1e-4, 1e-3
+
+
+def _inputs(image_size: int, batches=(1, 8, 3), seed: int = 0):
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(b, 3, image_size, image_size, generator=gen) for b in batches]
+
+
+def _exported(export_fn, model, path, image_size) -> Path:
+    """The learner's exported file: reuse it when check 1 already wrote it, else export now."""
+    path = Path(path)
+    if not path.is_file():
+        out = call(export_fn, model, path, image_size, what="export_with_dynamic_batch(model, path, image_size)")
+        path = Path(out) if out is not None else path
+    expect(path.is_file(), f"export_with_dynamic_batch should write {path}, but there is no such file")
+    return path
+
+
+def _session(path):
+    try:
+        return onnx_tools.ort_session(path)
+    except Exception as exc:  # noqa: BLE001 - any load failure becomes a lab message
+        raise LabCheckFailed(f"ONNX Runtime cannot load {path}: {type(exc).__name__}: {exc}") from None
+
+
+def _max_abs(model, session, xs) -> float:
+    import numpy as np
+    import torch
+
+    worst = 0.0
+    with torch.inference_mode():
+        for x in xs:
+            ref = model(x).numpy()
+            got = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
+            expect(got.shape == ref.shape, f"ONNX Runtime returned shape {got.shape} for input {tuple(x.shape)}, "
+                                           f"eager PyTorch {ref.shape}")
+            worst = max(worst, float(np.abs(got - ref).max()))
+    return worst
+
+
+def check_export(export_fn, model, path, image_size: int) -> Path:
+    """The file exists, passes onnx.checker (full_check) and strict shape inference, has one input 'images' with a
+    symbolic batch axis, and runs at batch 1 and 3."""
+    path = Path(path)
+    if path.exists():
+        path.unlink()
+    out = call(export_fn, model, path, image_size, what="export_with_dynamic_batch(model, path, image_size)")
+    path = Path(out) if out is not None else path
+    expect(path.is_file(), f"export_with_dynamic_batch should write an ONNX file at {path} (and return its path)")
+    try:
+        onnx_tools.check_model(path, full_check=True, strict=True)
+    except Exception as exc:  # noqa: BLE001 - the checker's message is what the learner needs
+        raise LabCheckFailed(f"the ONNX checker / strict shape inference rejected {path.name}: {exc}") from None
+    session = _session(path)
+    inputs = session.get_inputs()
+    expect([i.name for i in inputs] == ["images"], f"the graph should have one input named 'images', it has "
+                                                   f"{[i.name for i in inputs]}: pass input_names=['images']")
+    batch_dim = inputs[0].shape[0]
+    expect(isinstance(batch_dim, str), f"the batch axis of 'images' is fixed at {batch_dim}: declare it dynamic "
+                                       "(dynamic_axes={'images': {0: 'batch'}, ...} with the legacy exporter)")
+    for x in _inputs(image_size, batches=(1, 3)):
+        out = session.run(None, {"images": x.numpy()})[0]
+        expect(out.shape[0] == x.shape[0], f"batch {x.shape[0]} in gave batch {out.shape[0]} out")
+    passed("export", f"checker passed, input images{inputs[0].shape}, runs at batch 1 and 3")
+    return path
+
+
+def check_parity(max_abs_error_fn, export_fn, model, path, image_size: int) -> float:
+    """The learner's max_abs_error agrees with ours, notices a real difference, and the export is within tolerance."""
+    import torch
+
+    path = _exported(export_fn, model, path, image_size)
+    session = _session(path)
+    xs = _inputs(image_size)
+    mine = call(max_abs_error_fn, model, session, xs, what="max_abs_error(model, session, batches)")
+    expect(isinstance(mine, int | float), f"max_abs_error should return a float, got {type(mine).__name__}")
+    ref = _max_abs(model, session, xs)
+    expect(abs(mine - ref) <= 1e-6 + 1e-3 * ref, f"max_abs_error returned {mine:.3g}, but the largest "
+                                                 f"|ONNX Runtime - eager| over these batches is {ref:.3g}")
+
+    class Shifted(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            return self.inner(x) + 0.05
+
+    shifted = call(max_abs_error_fn, Shifted(model).eval(), session, xs, what="max_abs_error(shifted model, ...)")
+    expect(shifted >= 0.04, f"a model whose outputs are all 0.05 larger gave max_abs_error {shifted:.3g}: compare "
+                            "every output element of every batch with the eager model's")
+    expect(ref <= ATOL + RTOL * 10, f"the export disagrees with eager PyTorch by {ref:.3g} (tolerance ~{ATOL}): "
+                                    "is the model in eval mode?")
+    passed("parity", f"max abs error {ref:.2e} over batches 1, 8 and 3; a 0.05 shift is detected")
+    return ref
+
+
+def check_optimized(optimize_fn, export_fn, model, path, out_path, image_size: int) -> Path:
+    """The optimized graph has fewer nodes than the export, loads, and still matches eager PyTorch."""
+    path = _exported(export_fn, model, path, image_size)
+    out_path = Path(out_path)
+    if out_path.exists():
+        out_path.unlink()
+    out = call(optimize_fn, path, out_path, what="optimize(path, out_path)")
+    out_path = Path(out) if out is not None else out_path
+    expect(out_path.is_file(), f"optimize should write the optimized graph to {out_path}")
+    before, after = onnx_tools.node_count(path), onnx_tools.node_count(out_path)
+    expect(after < before, f"the optimized graph has {after} nodes, the export {before}: save the graph ONNX Runtime "
+                           "actually runs (SessionOptions.optimized_model_filepath) at level 'extended' or 'all'")
+    err = _max_abs(model, _session(out_path), _inputs(image_size))
+    expect(err <= ATOL + RTOL * 10, f"the optimized graph disagrees with eager PyTorch by {err:.3g}")
+    passed("optimize", f"{before} -> {after} nodes, max abs error {err:.2e}")
+    return out_path
+
+
+def check_quantized(quantize_fn, export_fn, model, path, out_path, image_size: int, calibration) -> dict:
+    """int8 file at least 3x smaller than fp32, with int8 ops, agreeing with fp32 on top-1 for >= 90% of inputs."""
+    import numpy as np
+
+    path = _exported(export_fn, model, path, image_size)
+    out_path = Path(out_path)
+    if out_path.exists():
+        out_path.unlink()
+    out = call(quantize_fn, path, out_path, calibration, what="quantize_int8(path, out_path, calibration)")
+    out_path = Path(out) if out is not None else out_path
+    expect(out_path.is_file(), f"quantize_int8 should write the int8 model to {out_path}")
+    ratio = onnx_tools.onnx_size_bytes(path) / onnx_tools.onnx_size_bytes(out_path)
+    expect(ratio >= 3.0, f"the int8 file is only {ratio:.2f}x smaller than fp32; int8 weights should make it ~4x")
+    ops = onnx_tools.op_histogram(out_path)
+    int8_ops = {"QuantizeLinear", "QLinearConv", "DynamicQuantizeLinear", "ConvInteger", "MatMulInteger"}
+    expect(bool(int8_ops & set(ops)), f"no int8 operators in the graph (ops: {sorted(ops)})")
+    fp32, int8 = _session(path), _session(out_path)
+    xs = _inputs(image_size, batches=(8, 8, 8, 8), seed=5)
+    a = np.concatenate([fp32.run(None, {"images": x.numpy()})[0] for x in xs])
+    b = np.concatenate([int8.run(None, {"images": x.numpy()})[0] for x in xs])
+    agree = float((a.argmax(1) == b.argmax(1)).mean())
+    expect(agree >= 0.9, f"int8 and fp32 agree on the top class for only {agree:.0%} of 32 inputs: calibrate with "
+                         "inputs like the ones you serve, and use per_channel=True")
+    passed("quantize", f"{ratio:.2f}x smaller, top-1 agreement {agree:.0%} on 32 inputs")
+    return {"size_ratio": ratio, "top1_agreement": agree}
+
+
+def check_latency_budget(session_fn, model, image_size: int, budget: float, paths=(), min_run_time: float = 0.3) -> float:
+    """The learner's session is at least `budget` times faster than eager PyTorch at batch 8, measured side by side
+    now, and agrees with eager on the top class for >= 90% of the batch. `paths` are passed to session_fn."""
+    import numpy as np
+    import torch
+
+    try:
+        session = call(session_fn, *paths, what="fast_session(fp32_path, optimized_path, int8_path)")
+    except LabCheckFailed:
+        raise
+    except Exception as exc:  # noqa: BLE001 - becomes a message that names what is missing
+        missing = [str(p) for p in paths if not Path(p).is_file()]
+        hint = f"; these files do not exist yet, run the earlier checks first: {missing}" if missing else ""
+        raise LabCheckFailed(f"fast_session raised {type(exc).__name__}: {exc}{hint}") from None
+    expect(hasattr(session, "run") and hasattr(session, "get_inputs"),
+           f"fast_session should return an onnxruntime.InferenceSession, got {type(session).__name__}")
+    x = _inputs(image_size, batches=(8,), seed=7)[0]
+    feeds = {session.get_inputs()[0].name: x.numpy()}
+    with torch.inference_mode():
+        ref = model(x).numpy()
+    agree = float((session.run(None, feeds)[0].argmax(1) == ref.argmax(1)).mean())
+    expect(agree >= 0.9, f"the session's top class matches eager for only {agree:.0%} of the batch")
+
+    def eager():
+        with torch.inference_mode():
+            return model(x)
+
+    res = bench.compare({"eager": eager, "your session": lambda: session.run(None, feeds)}, min_run_time=min_run_time,
+                        items=8)
+    speedup = res["eager"].median_ms / res["your session"].median_ms
+    expect(speedup >= budget, f"your session is {speedup:.2f}x eager at batch 8; the budget is {budget:.2f}x. Try the "
+                              "optimized or int8 model, level 'all', and as many intra-op threads as PyTorch uses")
+    passed("latency budget", f"{speedup:.2f}x eager at batch 8 (budget {budget:.2f}x), top-1 agreement {agree:.0%}")
+    return float(np.round(speedup, 3))
