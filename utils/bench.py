@@ -87,13 +87,13 @@ def compare(fns: dict[str, Callable[[], object]], baseline: str | None = None, *
         raise KeyError(f"baseline {baseline!r} is not among {list(fns)}")
     kwargs.setdefault("min_run_time", 0.3)
     best: dict[str, BenchResult] = {}
-    for _round in range(2):
+    for _ in range(2):
         for name, fn in fns.items():
             res = measure(fn, label=name, **kwargs)
             if name not in best or res.median_ms < best[name].median_ms:
                 best[name] = res
     base = best[baseline].median_ms
-    for name, res in best.items():
+    for res in best.values():
         print(f"{res}  -> {base / res.median_ms:.2f}x vs {baseline}")
     return best
 

@@ -12,6 +12,7 @@ Everything here imports torch / onnx / onnxruntime inside the functions, so impo
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 from pathlib import Path
 
@@ -129,6 +130,27 @@ def export_minilm(path, *, opset: int = 17, dynamo: bool = False, model=None) ->
     return path
 
 
+@contextlib.contextmanager
+def _fds_captured():
+    """Send file descriptors 1 and 2 to a temporary file for the duration: the legacy exporter's C++ log (its "Torch
+    IR graph at exception" dump, switched on by a torch bug) writes there, around Python's sys.stdout/stderr."""
+    import sys
+    import tempfile
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
+    with tempfile.TemporaryFile() as tmp:
+        for fd in saved:
+            os.dup2(tmp.fileno(), fd)
+        try:
+            yield
+        finally:
+            for fd, dup in saved.items():
+                os.dup2(dup, fd)
+                os.close(dup)
+
+
 def export_model(model, example_inputs, path, *, input_names, output_names, opset: int = 17, dynamo: bool = False,
                  dynamic_axes: dict | None = None, dynamic_shapes=None, **export_kwargs) -> Path:
     """torch.onnx.export with the course's defaults, quiet, returning the path (lesson 04).
@@ -139,7 +161,6 @@ def export_model(model, example_inputs, path, *, input_names, output_names, opse
     Other keyword arguments go to torch.onnx.export (e.g. custom_translation_table, do_constant_folding). The
     exporter's progress messages are captured and shown only when it writes no file.
     """
-    import contextlib
     import io
     import warnings
 
@@ -163,7 +184,7 @@ def export_model(model, example_inputs, path, *, input_names, output_names, opse
         kwargs["dynamic_axes"] = dynamic_axes
     kwargs.update(export_kwargs)
     sink = io.StringIO()
-    with warnings.catch_warnings(), contextlib.redirect_stdout(sink), torch.no_grad():
+    with warnings.catch_warnings(), contextlib.redirect_stdout(sink), _fds_captured(), torch.no_grad():
         warnings.simplefilter("ignore")
         torch.onnx.export(model, example_inputs, str(path), **kwargs)
     if not path.is_file():

@@ -7,17 +7,26 @@ from utils.labs import LabCheckFailed, call, expect, passed
 
 
 def check_bandwidth_probe(my_copy_gbps, nbytes: int = 32 * 2**20) -> float:
-    """The learner's copy-bandwidth probe agrees with utils.bench's, measured side by side (within 2x either way)."""
-    mine = call(my_copy_gbps, nbytes, what="my_copy_gbps(nbytes)")
-    expect(isinstance(mine, int | float), f"my_copy_gbps should return a number of GB/s, got {type(mine).__name__}")
-    reference = bench.copy_bandwidth_gbps(nbytes, min_run_time=0.2)
-    ratio = mine / reference
+    """The learner's copy-bandwidth formula is right (checked against a fixed timing), then measured for real.
+
+    The formula is checked deterministically: bench.measure is replaced by one that reports a 2 ms median, so
+    the right answer is exactly 2 * bytes / 2 ms. Comparing two live timings would be flaky on a busy machine.
+    """
+    from unittest import mock
+
+    fake = bench.BenchResult("fixed 2 ms", median_ms=2.0, iqr_ms=0.0, runs=1)
+    with mock.patch.object(bench, "measure", return_value=fake) as fake_measure:
+        got = call(my_copy_gbps, nbytes, what="my_copy_gbps(nbytes)")
+    expect(fake_measure.called, "my_copy_gbps should time x.clone() with bench.measure (utils.bench), which it did not call")
+    expect(isinstance(got, int | float), f"my_copy_gbps should return a number of GB/s, got {type(got).__name__}")
+    want = 2 * (nbytes // 4) * 4 / 2e-3 / 1e9
     expect(
-        0.5 <= ratio <= 2.0,
-        f"your probe says {mine:.1f} GB/s but x.clone() measured {reference:.1f} GB/s just now ({ratio:.2f}x). "
-        "Did you count both the read and the write (2 x bytes), and convert seconds and bytes to GB/s?",
+        abs(got - want) <= 0.01 * want,
+        f"with a 2 ms copy of {nbytes} bytes your probe says {got:.4g} GB/s, expected {want:.4g} GB/s. "
+        "Did you count both the read and the write (2 x bytes), and convert ms to s and bytes to GB?",
     )
-    passed("bandwidth probe", f"{mine:.1f} GB/s vs reference {reference:.1f} GB/s")
+    mine = call(my_copy_gbps, nbytes, what="my_copy_gbps(nbytes)")
+    passed("bandwidth probe", f"formula exact; measured now: {mine:.1f} GB/s for {nbytes / 2**20:.0f} MiB")
     return mine
 
 
