@@ -195,7 +195,7 @@ class Trainer:
     """
 
     def __init__(self, dataset, config: LoopConfig | None = None, *, batch_size: int, device="cpu", seed: int = 0,
-                 lr: float = 0.05, model: str = "resnet50", num_classes: int = 10, log_path=None):
+                 lr: float = 0.001, model: str = "resnet50", num_classes: int = 10, log_path=None):
         import torch
 
         from utils import image_data, models

@@ -34,6 +34,7 @@ __all__ = [
     "build",
     "compile_check_cuda",
     "source_excerpt",
+    "warmup",
 ]
 
 KERNEL_DIR = Path(__file__).resolve().parent
@@ -314,3 +315,24 @@ def source_excerpt(block: str, file: str = "softmax.cpp") -> str:
         blocks = re.findall(r"^// BEGIN (.+)$", text, re.M)
         raise KeyError(f"no block {block!r} in {file}; blocks: {blocks}")
     return m.group(1).rstrip()
+
+
+def warmup() -> str:
+    """Build everything lesson 06 builds, ahead of time (``make warmup`` calls this): a one-line summary.
+
+    The CPU extension, its DEFAULT-capability twin (the at::vec trap demo), the nvcc compile check where nvcc
+    exists, and the CUDA extension where a GPU does. The lab's extension depends on the learner's code: not here.
+    """
+    parts = []
+    if not env.has("cxx"):
+        return "skipped: " + env.capabilities()["cxx"].reason
+    for capability in (None, "DEFAULT"):
+        ext = build(capability=capability)
+        parts.append(f"{ext.capability} CPU build {'cached' if ext.cached else f'built in {ext.build_s:.0f} s'}")
+    if env.has("nvcc"):
+        check = compile_check_cuda()
+        parts.append(f"nvcc compile check {'OK' if check.ok else 'FAILED'}")
+    if env.has("cuda+nvcc"):
+        ext = build(cuda=True)
+        parts.append(f"CUDA build {'cached' if ext.cached else f'built in {ext.build_s:.0f} s'}")
+    return "; ".join(parts)
