@@ -299,6 +299,7 @@ def test_cuda_kernel_matches_torch(dtype, tol, n):
     x = (torch.randn(65, n, device="cuda") * 4).to(dtype)
     x[0, : n // 2] = -math.inf
     x[1] = -math.inf
+    x[2, n // 3] = math.nan  # the whole row becomes NaN, as in torch
     got = ops.softmax(x)
     want = torch.softmax(x.double(), -1)
     torch.testing.assert_close(got.double(), want, atol=tol, rtol=0, equal_nan=True)

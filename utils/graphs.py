@@ -370,13 +370,13 @@ def read_hlo_dump(dump_dir, contains: str) -> tuple[HloModule, HloModule]:
         raise FileNotFoundError(f"no dumped HLO module in {dump_dir} matches {contains!r}; modules there: {names[:10]}")
     newest = before[-1]
     stem = newest.name.removesuffix("before_optimizations.txt")
-    after = sorted(dump_dir.glob(f"{glob_escape(stem)}*after_optimizations.txt"))
+    after = sorted(dump_dir.glob(f"{_glob_escape(stem)}*after_optimizations.txt"))
     if not after:
         raise FileNotFoundError(f"{newest.name} has no matching *after_optimizations.txt in {dump_dir}")
     return parse_hlo(newest.read_text()), parse_hlo(after[0].read_text())
 
 
-def glob_escape(text: str) -> str:
+def _glob_escape(text: str) -> str:
     """Escape glob wildcards in a literal file name part."""
     return re.sub(r"([*?\[])", r"[\1]", text)
 

@@ -50,7 +50,7 @@ def strip(nb):
         if cell.cell_type == "code":
             if not _keeps_output(cell):
                 cell.outputs = []
-            cell.execution_count = None
+                cell.execution_count = None  # nbval-checked cells keep theirs: nbval skips "unrun" reference cells
             for key in ("execution", "collapsed", "scrolled", "papermill"):
                 cell.metadata.pop(key, None)
             for out in cell.get("outputs", []):

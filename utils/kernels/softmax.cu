@@ -50,10 +50,14 @@ struct MaxSum {
   A s;  // sum of exp(x - m)
 };
 
+// max that lets a NaN win, as torch.max does: a row holding a NaN must come out all NaN.
+template <typename A>
+__device__ __forceinline__ A nan_max(A a, A b) { return (a > b || isnan(a)) ? a : b; }
+
 // Merge two partial (max, sum) pairs. When both maxima are -inf the sum stays 0 (exp(-inf - -inf) would be NaN).
 template <typename A>
 __device__ __forceinline__ MaxSum<A> merge(MaxSum<A> a, MaxSum<A> b) {
-  const A m = a.m > b.m ? a.m : b.m;
+  const A m = nan_max(a.m, b.m);
   if (m == -std::numeric_limits<A>::infinity()) return {m, A(0)};
   return {m, a.s * fast_exp(a.m - m) + b.s * fast_exp(b.m - m)};
 }
@@ -63,9 +67,8 @@ template <typename A, int VEC>
 __device__ __forceinline__ MaxSum<A> update(MaxSum<A> st, const A (&v)[VEC]) {
   A cmax = v[0];
 #pragma unroll
-  for (int k = 1; k < VEC; ++k) cmax = v[k] > cmax ? v[k] : cmax;
-  // a NaN makes every comparison false: it never becomes the max, but its exp below turns the sum into NaN
-  const A m = cmax > st.m ? cmax : st.m;
+  for (int k = 1; k < VEC; ++k) cmax = nan_max(cmax, v[k]);
+  const A m = nan_max(cmax, st.m);  // NaN (if any) becomes m, and the sum below becomes NaN
   if (m == -std::numeric_limits<A>::infinity()) return st;
   A s = st.s * fast_exp(st.m - m);
 #pragma unroll
