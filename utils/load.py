@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["LoadResult", "LOOPBACK_HOSTS", "check_loopback", "run_load", "sweep", "percentile", "perf_analyzer_status"]
+__all__ = ["LoadResult", "LOOPBACK_HOSTS", "check_loopback", "run_load", "percentile", "perf_analyzer_status"]
 
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1", "[::1]"}
 
@@ -228,16 +228,6 @@ def run_load(
     latencies, errors, counts, seconds = box["out"]
     return LoadResult(label=label or model, concurrency=concurrency, requests=len(latencies), failed=counts["failed"],
                       wrong=counts["wrong"], seconds=seconds, latencies_ms=latencies, errors=errors)
-
-
-def sweep(url: str, model: str, requests, *, concurrencies: Sequence[int], progress: bool = True, **kwargs) -> list:
-    """run_load at each concurrency in turn; returns the LoadResults (lesson 05)."""
-    from tqdm.auto import tqdm
-
-    results = []
-    for c in tqdm(list(concurrencies), desc=f"sweep {kwargs.get('label') or model}", disable=not progress, leave=False):
-        results.append(run_load(url, model, requests, concurrency=c, **kwargs))
-    return results
 
 
 def perf_analyzer_status() -> tuple[bool, str]:

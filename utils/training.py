@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from utils import env
 from utils.profiling import phase
 
-__all__ = ["LoopConfig", "fixes", "Fix", "FixTrial", "try_fix", "Trainer", "compare_loops", "amp_dtype", "synthetic_step", "main"]
+__all__ = ["build_model", "LoopConfig", "fixes", "Fix", "FixTrial", "try_fix", "Trainer", "compare_loops", "amp_dtype", "synthetic_step", "main"]
 
 
 @dataclass(frozen=True)
@@ -187,6 +187,29 @@ def _inductor_cache_in_build() -> None:
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(env.build_dir() / "torchinductor"))
 
 
+def build_model(name: str = "resnet50", *, seed: int = 0, num_classes: int = 10, device="cpu"):
+    """The lesson's model in train mode: seeded random weights, each residual block's last BatchNorm scaled to zero.
+
+    Zeroing that scale (torchvision's zero_init_residual, Goyal et al. 2017) makes every residual block start as the
+    identity. On 32x32 inputs ResNet-50's last stage sees 1x1 feature maps, so its BatchNorms normalize over the batch
+    alone; without this, rounding differences of 1e-6 (another memory layout, another kernel) grow into loss
+    differences of several percent within a few steps, and loss curves could not be compared step by step.
+    """
+    import torch
+    from torchvision.models.resnet import BasicBlock, Bottleneck
+
+    from utils import models
+
+    net = models.vision_model(name, seed=seed, num_classes=num_classes).train()
+    with torch.no_grad():
+        for block in net.modules():
+            if isinstance(block, Bottleneck):
+                block.bn3.weight.zero_()
+            elif isinstance(block, BasicBlock):
+                block.bn2.weight.zero_()
+    return net.to(device)
+
+
 class Trainer:
     """Model + optimizer + DataLoader + one training step, built from a LoopConfig (lesson 03).
 
@@ -198,7 +221,7 @@ class Trainer:
                  lr: float = 0.001, model: str = "resnet50", num_classes: int = 10, log_path=None):
         import torch
 
-        from utils import image_data, models
+        from utils import image_data
 
         self.config = config or LoopConfig()
         if not isinstance(self.config, LoopConfig):
@@ -208,7 +231,7 @@ class Trainer:
         if cuda and not torch.cuda.is_available():
             raise RuntimeError("a CUDA device was asked for but none is visible; use device='cpu'")
         self.batch_size = batch_size
-        self.net = models.vision_model(model, seed=seed, num_classes=num_classes).train().to(self.device)
+        self.net = build_model(model, seed=seed, num_classes=num_classes, device=self.device)
         if self.config.channels_last:
             self.net = self.net.to(memory_format=torch.channels_last)
         self.params = [p for p in self.net.parameters() if p.requires_grad]
@@ -382,11 +405,9 @@ def synthetic_step(batch_size: int, image_size: int, *, amp: bool = False, chann
     import torch
     import torch.nn.functional as F
 
-    from utils import models
-
     dev = torch.device(device)
     torch.manual_seed(seed)
-    net = models.vision_model(model, seed=seed, num_classes=10).train().to(dev)
+    net = build_model(model, seed=seed, num_classes=10, device=dev)
     x = torch.randn(batch_size, 3, image_size, image_size, device=dev)
     y = torch.randint(0, 10, (batch_size,), device=dev)
     if channels_last:

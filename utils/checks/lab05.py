@@ -138,7 +138,11 @@ def check_tuned(tuning_fn, pbtxt_fn, *, smoke: bool = True) -> dict:
     from utils import load, triton, triton_repo
 
     knobs = call(tuning_fn, what="my_tuning()")
-    expect(isinstance(knobs, dict), f"my_tuning() should return a dict of encoder_pbtxt arguments, got {knobs!r}")
+    required = {"max_batch_size", "batching"}
+    optional = {"preferred", "delay_us", "instances", "threads", "spin"}
+    expect(isinstance(knobs, dict) and required <= set(knobs) <= required | optional,
+           f"my_tuning() should return a dict with {sorted(required)} and optionally {sorted(optional)}; "
+           f"got {knobs!r}")
     text = call(pbtxt_fn, "tuned", **knobs, what="encoder_pbtxt('tuned', **my_tuning())")
     cfg = _parse(text, "encoder_pbtxt('tuned', **my_tuning())")
     _semantics(cfg, name="tuned", **knobs, what="the tuned config")

@@ -174,7 +174,7 @@ def build(
     folder.mkdir(parents=True, exist_ok=True)
     library = folder / f"{namespace}.so"
     t0 = time.perf_counter()
-    cached = library.is_file()
+    cached = library.is_file() and not (folder / "lock").exists()  # "lock": another process is building it now
     if cached:
         torch.ops.load_library(str(library))
     else:
@@ -208,14 +208,15 @@ def build(
 
 
 def _compiler_errors(log: str, limit: int = 25) -> str:
-    """The lines of a compiler log that say what went wrong (error lines and the source lines g++ points at)."""
-    lines = log.splitlines()
-    keep = [i for i, line in enumerate(lines) if re.search(r"error|Error|undefined", line)]
+    """What went wrong in a compiler log: each `error:` line (paths shortened to the file name) and the two source
+    lines g++ prints under it; the last lines of the log when there is no such line (a link error, say)."""
+    lines = [re.sub(r"\S*/([\w.-]+\.(?:cpp|cu|h|cuh|so))\b", r"\1", line) for line in log.splitlines()]
     picked: list[str] = []
-    for i in keep:
-        for line in lines[i : i + 3]:
-            if line not in picked:
-                picked.append(line)
+    for i, line in enumerate(lines):
+        if re.search(r"\berror\b:|undefined (reference|symbol)", line) and not line.startswith(("c++ ", "[")):
+            for extra in lines[i : i + 3]:
+                if extra not in picked:
+                    picked.append(extra)
     return "\n".join(picked[:limit]) or "\n".join(lines[-limit:])
 
 
