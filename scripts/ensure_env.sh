@@ -38,7 +38,8 @@ mkdir -p "$(dirname "$envdir")"
     sha256sum "$req" > "$envdir/.complete"
   fi
   # The helper package is installed editable, pointing at *this* clone (cheap; redone when the clone moves).
-  here="$("$envdir/bin/python" -c 'import pathlib, utils; print(pathlib.Path(utils.__file__).resolve().parents[1])' 2>/dev/null || true)"
+  # (-P: do not put the current folder on sys.path, or a run from the checkout would find ./utils and skip this)
+  here="$(cd / && "$envdir/bin/python" -P -c 'import pathlib, utils; print(pathlib.Path(utils.__file__).resolve().parents[1])' 2>/dev/null || true)"
   if [ "$here" != "$root" ]; then
     "$envdir/bin/python" -m pip install --quiet --no-deps --no-build-isolation -e "$root" >&2
   fi

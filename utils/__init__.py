@@ -9,6 +9,15 @@ functions that need them), so ``import utils.env`` is instant even on a machine 
     run        the headless course runner behind `make course` (README)
     labs       lab generation from solutions and the check helpers (every lab)
     triton     the bundled Triton server as a context manager (lessons 00 and 05)
+    models     offline models: seeded torchvision architectures, the bundled MiniLM (lessons 01-05)
+    inference  predict helpers, autograd memory, file sizes (lesson 01)
+    graphs     capture demos: trace/script/export/compile, retracing, HLO (lesson 02)
+    data, profiling, training   the profiled ResNet-50 loop (lesson 03)
+    onnx_tools, trt             export, parity, ORT optimization, quantization, TensorRT (lesson 04)
+    triton_repo, load           the Triton model repository and the load generator (lesson 05)
+    kernels    the fused softmax extension (lesson 06)
+    interview, claims, site, grade, warmup, doctor   interview prep, report and instructor kit (07)
+    checks     one module of lab checks per lesson
 """
 
-__all__ = ["env", "bench", "report", "run", "labs", "triton"]
+__all__ = ["env", "bench", "report", "run", "labs", "triton", "models"]

@@ -174,9 +174,12 @@ def build(
     folder.mkdir(parents=True, exist_ok=True)
     library = folder / f"{namespace}.so"
     t0 = time.perf_counter()
-    cached = library.is_file() and not (folder / "lock").exists()  # "lock": another process is building it now
+    cached = library.is_file()
     if cached:
-        torch.ops.load_library(str(library))
+        from filelock import FileLock  # a torch dependency; cpp_extension holds the same lock while it builds
+
+        with FileLock(str(folder / "lock")):  # never load a library another process is still writing
+            torch.ops.load_library(str(library))
     else:
         from torch.utils import cpp_extension
 
