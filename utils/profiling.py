@@ -19,7 +19,15 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from utils import env
+
+# Kineto (the profiler's C++ side) reads its log level once, at the first profiler start in a process. Without a GPU
+# its lines (profiler_start/stop, a failed GPU probe) are noise in a notebook; set KINETO_LOG_LEVEL yourself to keep
+# them. Importing torch here is fine: only lesson 03 imports this module.
+if not torch.cuda.is_available():
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
 __all__ = [
     "PHASE_PREFIX",
@@ -98,8 +106,6 @@ def profile_steps(step, *, wait: int = 1, warmup: int = 1, active: int = 3, trac
     activities = [ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(ProfilerActivity.CUDA)
-    else:  # kineto's C++ log lines (profiler_start/stop, a failed GPU probe) are noise without a GPU
-        os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     trace_path = env.build_dir() / "traces" / f"{trace_name}.json" if trace_name else None
     if tensorboard is None:
         tensorboard = importlib.util.find_spec("tensorboard") is not None

@@ -370,8 +370,9 @@ def compare_loops(trainers: dict, *, min_run_time: float = 1.0, rounds: int = 2,
                   verbose: bool = True) -> dict:
     """Time `trainer.step` of each trainer side by side (utils.bench.measure), round-robin `rounds` times (lesson 03).
 
-    Each trainer warms up for 1 + 2 * num_workers steps before each round, so batches its workers prefetched while
-    another loop was being timed are used up first and cannot flatter it. Returns {name: BenchResult}, keeping each
+    Before each round a trainer with workers first runs 2 * num_workers steps, so batches its workers prefetched while
+    another loop was being timed are used up and cannot flatter it (bench.measure's block-size estimate adds one
+    more untimed step). Returns {name: BenchResult}, keeping each
     trainer's best round, and prints each one's speedup over `baseline` (default: the first).
     """
     from utils import bench
@@ -387,7 +388,7 @@ def compare_loops(trainers: dict, *, min_run_time: float = 1.0, rounds: int = 2,
     best: dict = {}
     for _ in range(rounds):
         for name, tr in trainers.items():
-            res = bench.measure(tr.step, label=name, warmup=1 + 2 * tr.config.num_workers,
+            res = bench.measure(tr.step, label=name, warmup=2 * tr.config.num_workers,
                                 min_run_time=min_run_time, items=tr.batch_size)
             if name not in best or res.median_ms < best[name].median_ms:
                 best[name] = res
