@@ -50,15 +50,17 @@ def test_fast_loop_matches_slow_loop_losses(dataset, tmp_path):
     log = tmp_path / "train.log"
     with training.Trainer(dataset, training.LoopConfig(), log_path=log, **SMALL) as slow:
         slow_losses = slow.run(3)
-    fast_cfg = training.LoopConfig.fast(num_workers=1, channels_last=True)
-    with training.Trainer(dataset, fast_cfg, **SMALL) as fast:
+    # syncs, copies, set_to_none, the fused optimizer and workers do not touch the arithmetic: identical losses
+    with training.Trainer(dataset, training.LoopConfig.fast(num_workers=1), **SMALL) as fast:
         fast_losses = fast.run(3)
         assert all(isinstance(v, float) for v in fast.losses())
     assert len(slow_losses) == len(fast_losses) == 3
-    for a, b in zip(slow_losses, fast_losses, strict=True):
-        assert b == pytest.approx(a, rel=1e-3)
+    assert fast_losses == slow_losses
     lines = log.read_text().splitlines()
     assert len(lines) == 3 and "grad_norm" in lines[0]
+    # another memory layout runs other kernels: the same first loss up to rounding
+    with training.Trainer(dataset, training.LoopConfig(channels_last=True), **SMALL) as nhwc:
+        assert nhwc.run(1)[0] == pytest.approx(slow_losses[0], rel=1e-4)
 
 
 def test_epochs_roll_over_and_train_on(dataset):
