@@ -1,12 +1,15 @@
-"""ONNX export, ONNX Runtime sessions, parity checks and graph inspection (lesson 04; reused by lesson 05).
+"""ONNX export, ONNX Runtime sessions, parity checks, graph inspection and quantization helpers (lesson 04; lesson 05
+reuses export_minilm and ort_session).
 
 Everything here imports torch / onnx / onnxruntime inside the functions, so importing the module is free.
 
-- export_minilm: MiniLM (BERT) -> ONNX with dynamic batch and sequence axes
-- export_model: any torch module -> ONNX (legacy or torch.export-based exporter)
-- ort_session: an ONNX Runtime InferenceSession with the optimization level and threads stated
+- export_minilm: MiniLM (BERT) -> ONNX with dynamic batch and sequence axes (signature kept stable for lesson 05)
+- export_model: any torch module -> ONNX (legacy or torch.export-based exporter), quietly
+- ort_session: an ONNX Runtime InferenceSession with the optimization level, threads and providers stated
 - parity: eager PyTorch vs ONNX Runtime on the same inputs, max abs error, a clear error out of tolerance
-- op_histogram, node_count, optimized_graph, onnx_size_bytes: graph inspection
+- check_model, op_histogram, node_count, optimized_graph, onnx_size_bytes: graph inspection
+- calibration_reader, to_fp16: static int8 calibration data; fp16 ONNX for TensorRT 11 (utils.trt)
+- warmup: the instructor kit's hook (utils.warmup)
 """
 
 from __future__ import annotations
@@ -195,7 +198,7 @@ def export_model(model, example_inputs, path, *, input_names, output_names, opse
 def ort_session(path, *, threads: int | None = None, level: str = "all", providers=None, optimized_path=None):
     """An onnxruntime.InferenceSession for `path` (lessons 04, 05).
 
-    level: "disabled", "basic", "extended" or "all" (graph optimization level). threads: intra-op threads (None = ORT's
+    level: "disabled", "basic", "extended", "layout" or "all" (graph optimization level; "all" includes the others). threads: intra-op threads (None = ORT's
     default, one per physical core); inter-op is 1 and execution sequential. providers: e.g. ["CUDAExecutionProvider",
     "CPUExecutionProvider"]; default CPU only. optimized_path: where ORT writes the graph after its optimizations.
     """
