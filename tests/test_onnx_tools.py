@@ -165,4 +165,5 @@ def test_trt_helpers_without_tensorrt(tmp_path):
 
     if importlib.util.find_spec("tensorrt") is None:
         with pytest.raises(trt_tools.TensorRTMissing, match="not installed"):
-            trt_tools.build_engine(tmp_path / "m.onnx", tmp_path / "m.plan", input_name="images", sample_shape=(3, 8, 8))
+            trt_tools.build_engine(tmp_path / "m.onnx", tmp_path / "m.plan", input_name="images",
+                                   sample_shape=(3, 8, 8))

@@ -47,6 +47,7 @@ def strip(nb):
     """
     nb.cells = [c for c in nb.cells if "injected-parameters" not in c.metadata.get("tags", [])]
     for cell in nb.cells:
+        cell.metadata.pop("papermill", None)
         if cell.cell_type == "code":
             if not _keeps_output(cell):
                 cell.outputs = []

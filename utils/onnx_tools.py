@@ -191,16 +191,18 @@ def export_model(model, example_inputs, path, *, input_names, output_names, opse
         warnings.simplefilter("ignore")
         torch.onnx.export(model, example_inputs, str(path), **kwargs)
     if not path.is_file():
-        raise RuntimeError(f"torch.onnx.export finished but wrote no file at {path}; exporter output:\n{sink.getvalue()}")
+        raise RuntimeError(
+            f"torch.onnx.export finished but wrote no file at {path}; exporter output:\n{sink.getvalue()}")
     return path
 
 
 def ort_session(path, *, threads: int | None = None, level: str = "all", providers=None, optimized_path=None):
     """An onnxruntime.InferenceSession for `path` (lessons 04, 05).
 
-    level: "disabled", "basic", "extended", "layout" or "all" (graph optimization level; "all" includes the others). threads: intra-op threads (None = ORT's
-    default, one per physical core); inter-op is 1 and execution sequential. providers: e.g. ["CUDAExecutionProvider",
-    "CPUExecutionProvider"]; default CPU only. optimized_path: where ORT writes the graph after its optimizations.
+    level: "disabled", "basic", "extended", "layout" or "all" (graph optimization level; "all" includes the others).
+    threads: intra-op threads (None = ORT's default, one per physical core); inter-op is 1 and execution sequential.
+    providers: e.g. ["CUDAExecutionProvider", "CPUExecutionProvider"]; default CPU only. optimized_path: where ORT
+    writes the graph after its optimizations.
     """
     import onnxruntime as ort
 
@@ -295,14 +297,16 @@ def parity(torch_fn, ort_session, inputs, atol: float = 1e-4, rtol: float = 1e-3
             r = _to_numpy(r).astype(np.float64)
             o = np.asarray(o).astype(np.float64)
             if r.shape != o.shape:
-                raise ParityError(f"sample {i} output {j}: shape mismatch, reference {r.shape} vs ONNX Runtime {o.shape}")
+                raise ParityError(
+                    f"sample {i} output {j}: shape mismatch, reference {r.shape} vs ONNX Runtime {o.shape}")
             err = np.abs(r - o)
             excess = err - (atol + rtol * np.abs(r))
             worst = max(worst, float(err.max()) if err.size else 0.0)
             if err.size and excess.max() > 0:
                 k = np.unravel_index(int(np.argmax(excess)), err.shape)
                 raise ParityError(
-                    f"parity failed on sample {i} output {j} (shape {tuple(r.shape)}): at index {tuple(int(x) for x in k)}"
+                    f"parity failed on sample {i} output {j} (shape {tuple(r.shape)}): "
+                    f"at index {tuple(int(x) for x in k)}"
                     f" reference {r[k]:.6g} vs ONNX Runtime {o[k]:.6g}, |diff| {err[k]:.3g} > atol {atol:g} + rtol "
                     f"{rtol:g} * |ref|; max abs error {err.max():.3g}. Check the export (dtype, dynamic axes, "
                     f"eval mode) or loosen the tolerance deliberately."

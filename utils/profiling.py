@@ -244,11 +244,15 @@ def gpu_busy_fraction(profile) -> float:
     Sums the self device time of every operator and divides by the total ProfilerStep time; overlapping kernels on
     several streams can push it above 1. Needs a profile recorded with CUDA activity.
     """
-    prof = _prof(profile)
-    step_us = sum(ev.cpu_time_total for ev in prof.events() if ev.name.startswith(_STEP_PREFIX))
+    from torch.autograd import DeviceType
+
+    events = _prof(profile).events()
+    step_us = sum(ev.cpu_time_total for ev in events if ev.name.startswith(_STEP_PREFIX))
     if not step_us:
         raise ValueError("no ProfilerStep ranges in this profile: record it with profile_steps()")
-    device_us = sum(getattr(e, "self_device_time_total", 0.0) for e in prof.key_averages())
+    # count device-side events only (kernels, memcpy), as the key_averages table's "Self CUDA time total" does
+    device_us = sum(ev.self_device_time_total for ev in events
+                    if ev.device_type == DeviceType.CUDA and not ev.is_user_annotation)
     return device_us / step_us
 
 

@@ -29,7 +29,10 @@ from dataclasses import dataclass
 from utils import env
 from utils.profiling import phase
 
-__all__ = ["build_model", "LoopConfig", "fixes", "Fix", "FixTrial", "try_fix", "Trainer", "compare_loops", "amp_dtype", "synthetic_step", "main"]
+__all__ = [
+    "build_model", "LoopConfig", "Fix", "fixes", "FixTrial", "try_fix", "Trainer", "compare_loops", "amp_dtype",
+    "synthetic_step", "main",
+]
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,7 @@ class LoopConfig:
     @classmethod
     def fast(cls, *, num_workers: int = 1, channels_last: bool = False, amp: bool = False,
              compile_backend: str | None = None) -> LoopConfig:
-        """The waste removed (no per-step syncs or copies, set_to_none, workers) plus the chosen trade-offs."""
+        """The slow loop minus its waste (syncs, copies, zeroing, per-tensor SGD), plus workers and chosen trade-offs."""
         import torch
 
         cuda = torch.cuda.is_available()
@@ -89,7 +92,7 @@ class LoopConfig:
 
 @dataclass(frozen=True)
 class Fix:
-    """One fix: the profile phases it attacks, whether it is pure waste removal, and its switch settings.
+    """One fix of lesson 03's ablation: the phases it attacks, whether it is pure waste removal, its switch settings.
 
     `options` holds one or more alternative settings (e.g. one per worker count); try_fix() measures them all and
     keeps the fastest.
@@ -135,7 +138,7 @@ def fixes(*, worker_choices=(1, 2), compile_backend: str = "inductor") -> list[F
 
 @dataclass
 class FixTrial:
-    """What try_fix() measured: the best candidate (a live Trainer), its speedup and every candidate's timing."""
+    """What try_fix() measured (lesson 03): the best candidate (a live Trainer), its speedup, every candidate's timing."""
 
     fix: Fix
     trainer: Trainer
@@ -155,7 +158,7 @@ class FixTrial:
 
 def try_fix(current: Trainer, fix: Fix, dataset, *, min_run_time: float = 1.0, rounds: int = 2,
             **trainer_kwargs) -> FixTrial:
-    """Build current.config + each option of `fix`, time them side by side with `current`, keep the fastest option.
+    """Lesson 03's ablation step: build current.config + each option of `fix`, time them beside `current`, keep the best.
 
     The other candidates are closed; the caller decides whether to keep the returned trainer (and closes it if not).
     `trainer_kwargs` go to Trainer (batch_size, device, lr, ...).
@@ -177,19 +180,24 @@ def try_fix(current: Trainer, fix: Fix, dataset, *, min_run_time: float = 1.0, r
 
 
 def amp_dtype(device):
-    """The autocast dtype the loop uses on `device`: float16 on CUDA (with loss scaling), bfloat16 on CPU."""
+    """The autocast dtype lesson 03's loop uses on `device`: float16 on CUDA (with loss scaling), bfloat16 on CPU."""
     import torch
 
     return torch.float16 if torch.device(device).type == "cuda" else torch.bfloat16
 
 
 def _inductor_cache_in_build() -> None:
-    # Compiled kernels go under build/ like every other artefact (respect a cache dir the user already chose).
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(env.build_dir() / "torchinductor"))
+    # Compiled kernels go under build/ like every other artefact. Inductor writes its default (/tmp/torchinductor_*)
+    # into the environment the first time it looks, so replace that default, but keep a directory the user chose.
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if current is None or os.path.abspath(current) == os.path.abspath(default_cache_dir()):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(env.build_dir() / "torchinductor")
 
 
 def build_model(name: str = "resnet50", *, seed: int = 0, num_classes: int = 10, device="cpu"):
-    """The lesson's model in train mode: seeded random weights, each residual block's last BatchNorm scaled to zero.
+    """Lesson 03's model in train mode: seeded random weights, each residual block's last BatchNorm scaled to zero.
 
     Zeroing that scale (torchvision's zero_init_residual, Goyal et al. 2017) makes every residual block start as the
     identity. On 32x32 inputs ResNet-50's last stage sees 1x1 feature maps, so its BatchNorms normalize over the batch
@@ -408,7 +416,7 @@ def compare_loops(trainers: dict, *, min_run_time: float = 1.0, rounds: int = 2,
 
 def synthetic_step(batch_size: int, image_size: int, *, amp: bool = False, channels_last: bool = False,
                    device="cpu", model: str = "resnet50", seed: int = 0):
-    """A training step on one fixed random batch (no data loading): pure compute, for the AMP resolution sweep."""
+    """A training step on one fixed random batch (no data loading): pure compute, for lesson 03's AMP sweep."""
     import torch
     import torch.nn.functional as F
 

@@ -1,4 +1,4 @@
-"""TensorRT from ONNX: build an engine, inspect its fused layers, run it, and the equivalent trtexec command (lesson 04).
+"""TensorRT from ONNX: build an engine, inspect its fused layers, run it; the equivalent trtexec command (lesson 04).
 
 TensorRT comes only from NVIDIA's package index and needs an NVIDIA GPU, so lesson 04 calls these functions inside
 ``if env.requires("tensorrt", section="04.tensorrt"):``. Every function that needs TensorRT imports it inside and
@@ -65,7 +65,8 @@ def trtexec_command(onnx_path, engine_path, *, input_name: str, sample_shape, mi
         raise ValueError("input_name is the ONNX graph input to give the optimization profile, e.g. 'images'")
     dims = [int(d) for d in sample_shape]
     if not dims or any(d < 1 for d in dims):
-        raise ValueError(f"sample_shape must be positive dims without the batch axis, e.g. (3, 224, 224); got {sample_shape}")
+        raise ValueError(
+            f"sample_shape must be positive dims without the batch axis, e.g. (3, 224, 224); got {sample_shape}")
 
     def shp(b):
         return f"{input_name}:{_shape_text([b, *dims])}"

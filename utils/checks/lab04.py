@@ -155,7 +155,8 @@ def check_quantized(quantize_fn, export_fn, model, path, out_path, image_size: i
     return {"size_ratio": ratio, "top1_agreement": agree}
 
 
-def check_latency_budget(session_fn, model, image_size: int, budget: float, paths=(), min_run_time: float = 0.3) -> float:
+def check_latency_budget(session_fn, model, image_size: int, budget: float, paths=(),
+                         min_run_time: float = 0.3) -> float:
     """The learner's session is at least `budget` times faster than eager PyTorch at batch 8, measured side by side
     now, and agrees with eager on the top class for >= 90% of the batch. `paths` are passed to session_fn."""
     import numpy as np
