@@ -2,8 +2,8 @@
 
 ``LoopConfig()`` is the slow loop a hurried engineer writes: the DataLoader decodes and augments in the main process
 (num_workers=0), every step reads the loss, the accuracy and a per-parameter gradient norm back to Python (host
-syncs) and writes a log line, the batch is cloned "to be safe", a deep copy of the weights is kept after every step,
-and gradients are zeroed in place. ``LoopConfig.fast(...)`` turns the fixes on; each field is one fix, so a lesson can
+syncs) and writes a log line, the batch is cloned "to be safe", a resumable checkpoint (deep copies of the model's
+and the optimizer's state) is kept in memory after every step, and gradients are zeroed in place. ``LoopConfig.fast(...)`` turns the fixes on; each field is one fix, so a lesson can
 apply them one at a time and measure each.
 
 ``Trainer(dataset, config, batch_size=...)`` owns the model, optimizer and loader; ``trainer.step()`` runs one
@@ -40,7 +40,7 @@ class LoopConfig:
     """The switches of the training loop. The defaults are the slow loop; every field is one fix (lesson 03)."""
 
     host_syncs: bool = True  # per step: loss.item(), accuracy.item(), a .item() per parameter's grad norm, a log line
-    needless_copies: bool = True  # clone the batch, keep a deep copy of the weights after every step
+    needless_copies: bool = True  # clone the batch; deep-copy model + optimizer state after every step
     set_to_none: bool = False  # optimizer.zero_grad(set_to_none=...)
     fused_optimizer: bool = False  # SGD(fused=True): one kernel over all parameters instead of ~3 small ops per tensor
     num_workers: int = 0  # DataLoader worker processes (decode + augment off the training thread)
@@ -264,7 +264,7 @@ class Trainer:
             raise ValueError(f"the dataset ({len(dataset)} samples) is smaller than one batch of {batch_size}")
         self._iter = None
         self._losses: list = []
-        self._best_weights = None
+        self._checkpoint = None
         self.steps_done = 0
         self._log_path = log_path or env.build_dir() / "logs" / "lesson03_train.log"
         self._log = None
@@ -319,7 +319,9 @@ class Trainer:
                 self._losses.append(loss.detach())  # stays on the device: no sync
         if cfg.needless_copies:
             with phase("copy", nvtx):
-                self._best_weights = copy.deepcopy(self.net.state_dict())  # "keep the latest weights, just in case"
+                # "keep a checkpoint we can resume from, just in case": every step, in memory
+                self._checkpoint = copy.deepcopy({"model": self.net.state_dict(),
+                                                  "optimizer": self.optimizer.state_dict()})
         self.steps_done += 1
 
     def _log_step(self, loss, logits, labels) -> None:
