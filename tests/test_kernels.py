@@ -165,6 +165,14 @@ def test_naive_loop_matches_torch(ext):
 
 
 @needs_cxx
+def test_exp_only_matches_torch_exp_and_checks_dtype(ext):
+    x = torch.cat([torch.randn(1000) * 20, torch.tensor([-math.inf, -200.0, 0.0, 80.0])])  # odd length: a scalar tail
+    torch.testing.assert_close(ext.ops.exp_only(x), torch.exp(x), atol=0, rtol=5e-6)
+    with pytest.raises(RuntimeError, match="expected x of dtype float32, got Double"):
+        ext.ops.exp_only(x.double())
+
+
+@needs_cxx
 @pytest.mark.parametrize("algorithm", [1, 2])
 def test_masked_nan_and_extreme_rows_match_torch(ext, algorithm):
     x = torch.randn(7, 100)

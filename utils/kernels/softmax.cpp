@@ -283,6 +283,26 @@ at::Tensor softmax_backward(const at::Tensor& grad_y, const at::Tensor& y) {
   return gx;
 }
 
+// BEGIN exp-only
+// y = exp(x) with the same vector exp as the softmax kernels, one read and one write per element: the arithmetic
+// ceiling of any softmax built on this exp (lesson 06 measures it against x.clone() in cache).
+at::Tensor exp_only(const at::Tensor& x) {
+  check_input(x, "exp_only", "x");
+  TORCH_CHECK(x.scalar_type() == at::kFloat, "exp_only: expected x of dtype float32, got ", x.scalar_type());
+  at::Tensor y = at::empty_like(x);
+  const float* xp = x.const_data_ptr<float>();
+  float* yp = y.mutable_data_ptr<float>();
+  const int64_t n = x.numel();
+  constexpr int64_t W = Vectorized<float>::size();
+  at::parallel_for(0, n, 32768, [&](int64_t begin, int64_t end) {
+    int64_t i = begin;
+    for (; i + W <= end; i += W) vexp(Vectorized<float>::loadu(xp + i)).store(yp + i);
+    for (; i < end; ++i) yp[i] = std::exp(xp[i]);
+  });
+  return y;
+}
+// END exp-only
+
 std::string build_info() {
 #if defined(CPU_CAPABILITY_AVX512)
   const std::string cap = "AVX512";
@@ -306,6 +326,7 @@ WB_LIBRARY(WB_NAMESPACE, m) {
   m.def("softmax_forward(Tensor x, int algorithm=0) -> Tensor");
   m.def("softmax_backward(Tensor grad_y, Tensor y) -> Tensor");
   m.def("softmax_naive(Tensor x) -> Tensor");
+  m.def("exp_only(Tensor x) -> Tensor");
   m.def("build_info() -> str", &build_info);
 }
 
@@ -313,4 +334,5 @@ WB_LIBRARY_IMPL(WB_NAMESPACE, CPU, m) {
   m.impl("softmax_forward", &softmax_forward);
   m.impl("softmax_backward", &softmax_backward);
   m.impl("softmax_naive", &softmax_naive);
+  m.impl("exp_only", &exp_only);
 }
