@@ -67,6 +67,21 @@ def test_loopback_only_and_stubs_started(served):
     assert len(pids) >= 3  # the server and one stub per model
 
 
+def test_cpu_seconds_names_each_model_and_grows_with_work(served):
+    import tritonclient.grpc as grpcclient
+
+    server = served[0]
+    before = server.cpu_seconds()
+    assert set(before) == {"tritonserver", "preprocess", "postprocess"}
+    assert all(v >= 0 for v in before.values())
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        for _ in range(200):
+            client.infer("preprocess", [_text(["The striker scored twice."])])
+    after = server.cpu_seconds()
+    assert after["preprocess"] > before["preprocess"]  # the stub that tokenized did the work
+    assert after["tritonserver"] > before["tritonserver"]
+
+
 def test_preprocess_matches_the_hugging_face_tokenizer(served):
     import tritonclient.grpc as grpcclient
 

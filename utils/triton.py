@@ -249,6 +249,27 @@ class TritonServer:
         except psutil.NoSuchProcess:
             return []
 
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds (user + system) used so far: {"tritonserver": s, <model name>: s, ...} (lesson 05).
+
+        Each Python-backend stub runs one model instance and is named by the model.py it was started with
+        (<repository>/<model>/<version>/model.py); a model's instances are summed. Take two snapshots around a load
+        run and subtract them to see where the server's work went.
+        """
+        import psutil
+
+        out: dict[str, float] = {}
+        for proc in self.processes():
+            try:
+                args = proc.cmdline()
+                times = proc.cpu_times()
+            except psutil.NoSuchProcess:  # a stub that exited between listing and reading
+                continue
+            model_py = next((a for a in args[1:] if a.endswith("/model.py")), None)
+            name = Path(model_py).parent.parent.name if model_py else "tritonserver"
+            out[name] = out.get(name, 0.0) + times.user + times.system
+        return out
+
     def listening_addresses(self) -> list[tuple[str, int]]:
         """(ip, port) of every socket the server process listens on."""
         import psutil
