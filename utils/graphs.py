@@ -89,15 +89,22 @@ class ClipNorm(nn.Module):
         return h
 
 
-class GatedMLP(nn.Module):
-    """The lab's model (lab 02): a residual MLP that takes a ReLU path when the input's mean is positive, else tanh."""
+class _TwoLayerMLP(nn.Module):
+    """fc1: dim -> hidden, fc2: hidden -> dim, seeded weights, eval mode; subclasses write forward (lesson 02)."""
 
-    def __init__(self, dim: int = 8, hidden: int = 16, seed: int = 0):
+    def __init__(self, dim: int, hidden: int, seed: int):
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden)
         self.fc2 = nn.Linear(hidden, dim)
         _seeded_(self, seed)
         self.eval()
+
+
+class GatedMLP(_TwoLayerMLP):
+    """The lab's model (lab 02): a residual MLP that takes a ReLU path when the input's mean is positive, else tanh."""
+
+    def __init__(self, dim: int = 8, hidden: int = 16, seed: int = 0):
+        super().__init__(dim, hidden, seed)
 
     def forward(self, x):
         if x.mean() > 0:
@@ -105,7 +112,7 @@ class GatedMLP(nn.Module):
         return x - self.fc2(torch.tanh(self.fc1(x)))
 
 
-class NoisyMLP(nn.Module):
+class NoisyMLP(_TwoLayerMLP):
     """An MLP written the eager way, with two graph breaks for torch.compile (lesson 02).
 
     `.item()` turns a tensor into a Python float (the graph must end to produce it) and `if tensor:` branches in
@@ -113,11 +120,7 @@ class NoisyMLP(nn.Module):
     """
 
     def __init__(self, dim: int = 64, hidden: int = 256, seed: int = 0):
-        super().__init__()
-        self.fc1 = nn.Linear(dim, hidden)
-        self.fc2 = nn.Linear(hidden, dim)
-        _seeded_(self, seed)
-        self.eval()
+        super().__init__(dim, hidden, seed)
 
     def forward(self, x):
         h = torch.relu(self.fc1(x))
