@@ -21,6 +21,20 @@ def _inputs(image_size: int, batches=(1, 8, 3), seed: int = 0):
     return [torch.randn(b, 3, image_size, image_size, generator=gen) for b in batches]
 
 
+def _written(fn, args, path, *, what: str, missing: str) -> Path:
+    """Call the learner's file writer fn(*args), which should write `path` (or return where it wrote instead).
+
+    An old file at `path` is removed first, so a leftover from an earlier run cannot pass; `missing` is the message
+    when no file appears.
+    """
+    path = Path(path)
+    path.unlink(missing_ok=True)
+    out = call(fn, *args, what=what)
+    path = Path(out) if out is not None else path
+    expect(path.is_file(), missing)
+    return path
+
+
 def _exported(export_fn, model, path, image_size) -> Path:
     """The learner's exported file: reuse it when check 1 already wrote it, else export now."""
     path = Path(path)
@@ -56,12 +70,8 @@ def _max_abs(model, session, xs) -> float:
 def check_export(export_fn, model, path, image_size: int) -> Path:
     """The file exists, passes onnx.checker (full_check) and strict shape inference, has one input 'images' with a
     symbolic batch axis, and runs at batch 1 and 3."""
-    path = Path(path)
-    if path.exists():
-        path.unlink()
-    out = call(export_fn, model, path, image_size, what="export_with_dynamic_batch(model, path, image_size)")
-    path = Path(out) if out is not None else path
-    expect(path.is_file(), f"export_with_dynamic_batch should write an ONNX file at {path} (and return its path)")
+    path = _written(export_fn, (model, path, image_size), path, what="export_with_dynamic_batch(model, path, image_size)",
+                    missing=f"export_with_dynamic_batch should write an ONNX file at {path} (and return its path)")
     try:
         onnx_tools.check_model(path, full_check=True, strict=True)
     except Exception as exc:  # noqa: BLE001 - the checker's message is what the learner needs
@@ -113,12 +123,8 @@ def check_parity(max_abs_error_fn, export_fn, model, path, image_size: int) -> f
 def check_optimized(optimize_fn, export_fn, model, path, out_path, image_size: int) -> Path:
     """The optimized graph has fewer nodes than the export, loads, and still matches eager PyTorch."""
     path = _exported(export_fn, model, path, image_size)
-    out_path = Path(out_path)
-    if out_path.exists():
-        out_path.unlink()
-    out = call(optimize_fn, path, out_path, what="optimize(path, out_path)")
-    out_path = Path(out) if out is not None else out_path
-    expect(out_path.is_file(), f"optimize should write the optimized graph to {out_path}")
+    out_path = _written(optimize_fn, (path, out_path), out_path, what="optimize(path, out_path)",
+                        missing=f"optimize should write the optimized graph to {out_path}")
     before, after = onnx_tools.node_count(path), onnx_tools.node_count(out_path)
     expect(after < before, f"the optimized graph has {after} nodes, the export {before}: save the graph ONNX Runtime "
                            "actually runs (SessionOptions.optimized_model_filepath) at level 'extended' or 'all'")
@@ -133,12 +139,9 @@ def check_quantized(quantize_fn, export_fn, model, path, out_path, image_size: i
     import numpy as np
 
     path = _exported(export_fn, model, path, image_size)
-    out_path = Path(out_path)
-    if out_path.exists():
-        out_path.unlink()
-    out = call(quantize_fn, path, out_path, calibration, what="quantize_int8(path, out_path, calibration)")
-    out_path = Path(out) if out is not None else out_path
-    expect(out_path.is_file(), f"quantize_int8 should write the int8 model to {out_path}")
+    out_path = _written(quantize_fn, (path, out_path, calibration), out_path,
+                        what="quantize_int8(path, out_path, calibration)",
+                        missing=f"quantize_int8 should write the int8 model to {out_path}")
     ratio = onnx_tools.onnx_size_bytes(path) / onnx_tools.onnx_size_bytes(out_path)
     expect(ratio >= 3.0, f"the int8 file is only {ratio:.2f}x smaller than fp32; int8 weights should make it ~4x")
     ops = onnx_tools.op_histogram(out_path)
