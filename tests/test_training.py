@@ -140,9 +140,11 @@ def test_keep_freed_memory_stops_refaulting_a_freed_block():
         "faults()\n"
         "print(before, faults())\n"
     )
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    shown = f"exit code {out.returncode}\nstdout:\n{out.stdout}\nstderr (tail):\n{out.stderr[-2000:]}"
+    assert out.returncode == 0, shown
     message, counts = out.stdout.strip().splitlines()[-2:]
     before, after = map(int, counts.split())
-    assert "keeps freed memory" in message
-    assert before > 5 * 10_000  # 64 MiB is 16384 pages, faulted in again on each of the 5 allocations
-    assert after < before / 10
+    assert "keeps freed memory" in message, shown
+    assert before > 5 * 10_000, shown  # 64 MiB is 16384 pages, faulted in again on each of the 5 allocations
+    assert after < before / 10, shown

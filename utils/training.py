@@ -3,8 +3,9 @@
 ``LoopConfig()`` is the slow loop a hurried engineer writes: the DataLoader decodes and augments in the main process
 (num_workers=0), every step reads the loss, the accuracy and a per-parameter gradient norm back to Python (host
 syncs) and writes a log line, the batch is cloned "to be safe", a resumable checkpoint (deep copies of the model's
-and the optimizer's state) is kept in memory after every step, and gradients are zeroed in place. ``LoopConfig.fast(...)`` turns the fixes on; each field is one fix, so a lesson can
-apply them one at a time and measure each.
+and the optimizer's state) is kept in memory after every step, and gradients are zeroed in place.
+``LoopConfig.fast(...)`` turns the fixes on; each field is one fix, so a lesson can apply them one at a time and
+measure each.
 
 ``Trainer(dataset, config, batch_size=...)`` owns the model, optimizer and loader; ``trainer.step()`` runs one
 training step with every phase labelled for the profiler (utils.profiling.phase) and, on a GPU, NVTX ranges for
