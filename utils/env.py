@@ -28,6 +28,7 @@ from pathlib import Path
 __all__ = [
     "repo_root",
     "build_dir",
+    "child_environ",
     "smoke_default",
     "Capability",
     "capabilities",
@@ -38,6 +39,8 @@ __all__ = [
     "cpu_flags",
     "tritonserver_path",
     "nvcc_path",
+    "distribution_version",
+    "package_versions",
     "OPTIONAL_SECTIONS",
 ]
 
@@ -50,6 +53,8 @@ OPTIONAL_SECTIONS: dict[str, tuple[str, str]] = {
     "01.gpu-speedup": ("cuda", "GPU vs CPU inference speed"),
     "01.gpu-oom": ("cuda", "a controlled CUDA out-of-memory and its fix"),
     "01.tf-memory-growth": ("cuda", "TensorFlow GPU memory growth"),
+    "01.keras": ("tensorflow", "Keras call vs predict, tf.function and a SavedModel for TF Serving"),
+    "02.tf-function": ("tensorflow", "tf.function tracing and retracing, AutoGraph, XLA fusion"),
     "02.cuda-graphs": ("cuda", "CUDA graph capture and replay"),
     "03.gpu-amp": ("cuda", "fp16 autocast with GradScaler"),
     "03.cudnn-benchmark": ("cuda", "cudnn.benchmark autotuning"),
@@ -78,6 +83,17 @@ def build_dir() -> Path:
         path = repo_root() / path
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def child_environ(base: dict[str, str] | None = None) -> dict[str, str]:
+    """A copy of os.environ (or `base`) for a child Python process that imports utils (`python -m utils.X`).
+
+    The checkout goes first on PYTHONPATH, so a plain clone that was never pip-installed works in child processes
+    too, whatever their working folder (a notebook's kernel runs in notebooks/).
+    """
+    out = dict(os.environ if base is None else base)
+    out["PYTHONPATH"] = os.pathsep.join(p for p in (str(repo_root()), out.get("PYTHONPATH", "")) if p)
+    return out
 
 
 def smoke_default() -> bool:
@@ -152,7 +168,8 @@ def _tensorrt(cuda: Capability) -> Capability:
         )
     if not cuda.available:
         return Capability("tensorrt", False, "TensorRT is installed but needs an NVIDIA GPU: " + cuda.reason)
-    return Capability("tensorrt", True, f"tensorrt {importlib.metadata.version('tensorrt')}")
+    dist, version = distribution_version("tensorrt") or ("tensorrt", "unknown version")
+    return Capability("tensorrt", True, f"{dist} {version}")
 
 
 def _tritonserver() -> Capability:
@@ -181,13 +198,41 @@ def _cxx() -> Capability:
     compiler = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
     if not compiler:
         return Capability("cxx", False, "no C++ compiler (install g++: needed by torch.compile and lesson 06)")
-    return Capability("cxx", True, compiler)
+    try:  # the version matters: an extension must be built by a compiler that agrees with torch's build
+        out = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+        version = out.splitlines()[0].strip() if out.strip() else "version unknown"
+    except (OSError, subprocess.SubprocessError) as exc:
+        return Capability("cxx", False, f"{compiler} does not run ({exc})")
+    return Capability("cxx", True, f"{compiler} ({version})")
 
 
-def _module(name: str, pip_name: str) -> Capability:
-    if importlib.util.find_spec(name) is None:
-        return Capability(name, False, f"python package {pip_name} is not installed")
-    return Capability(name, True, f"{pip_name} {importlib.metadata.version(pip_name)}")
+@functools.cache
+def _import_names() -> dict[str, list[str]]:
+    return importlib.metadata.packages_distributions()
+
+
+def distribution_version(module: str) -> tuple[str, str] | None:
+    """(distribution, version) of whatever installed distribution provides the top-level `module`, or None (lesson 00).
+
+    One import name can come from several distributions: ``onnxruntime`` from onnxruntime (CPU), onnxruntime-gpu
+    or onnxruntime-openvino; ``cv2`` from opencv-python or its headless twin. Asking for one distribution's name
+    breaks in an environment that has the other; asking by import name does not. Nothing is imported.
+    """
+    if importlib.util.find_spec(module) is None:
+        return None
+    for dist in sorted(_import_names().get(module, [])):
+        try:
+            return dist, importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:  # a stale entry: keep looking
+            continue
+    return module, "unknown version"  # importable, but from no distribution (a plain folder on sys.path)
+
+
+def _module(name: str, install_hint: str) -> Capability:
+    found = distribution_version(name)
+    if found is None:
+        return Capability(name, False, f"python package {install_hint} is not installed")
+    return Capability(name, True, f"{found[0]} {found[1]}")
 
 
 @functools.cache
@@ -201,7 +246,8 @@ def capabilities() -> dict[str, Capability]:
         "nvcc": _nvcc(),
         "cxx": _cxx(),
         "tensorflow": _module("tensorflow", "tensorflow"),
-        "onnxruntime": _module("onnxruntime", "onnxruntime-gpu"),
+        "onnxruntime": _module("onnxruntime", "onnxruntime (or onnxruntime-gpu)"),
+        "onnxruntime_extensions": _module("onnxruntime_extensions", "onnxruntime-extensions"),
     }
     caps["cuda+nvcc"] = Capability(
         "cuda+nvcc", cuda.available and caps["nvcc"].available, f"{cuda.reason}; {caps['nvcc'].reason}"
@@ -233,11 +279,12 @@ def requires(name: str, section: str) -> bool:
     if name not in caps:
         raise KeyError(f"unknown capability {name!r}; expected one of {sorted(caps)}")
     cap = caps[name]
-    if cap.available:
-        return True
-    print(f"SKIPPED [{section}] needs {name}: {cap.reason}. On a machine with {name} this cell runs its full path.")
     from utils import report  # local import: report imports env
 
+    if cap.available:
+        report.record_ran(section)
+        return True
+    print(f"SKIPPED [{section}] needs {name}: {cap.reason}. On a machine with {name} this cell runs its full path.")
     report.record_skip(section, f"needs {name}: {cap.reason}")
     return False
 
@@ -296,17 +343,24 @@ def _memory_gib() -> float | None:
     return None
 
 
-def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+# What the inventory lists: label -> import name. Versions come from whichever distribution provides the import
+# (onnxruntime or onnxruntime-gpu, ...). CORE_PACKAGES are needed by every lesson; the rest by some sections only.
+PACKAGES = {
+    "torch": "torch", "torchvision": "torchvision", "numpy": "numpy", "onnx": "onnx", "onnxruntime": "onnxruntime",
+    "onnxscript": "onnxscript", "transformers": "transformers", "scikit-learn": "sklearn",
+    "tensorflow": "tensorflow", "tf2onnx": "tf2onnx", "onnxruntime-extensions": "onnxruntime_extensions",
+    "nvidia-pytriton": "pytriton", "tritonclient": "tritonclient",
+}
+CORE_PACKAGES = ("torch", "torchvision", "numpy")
 
 
-PACKAGES = (
-    "torch", "torchvision", "tensorflow", "onnx", "onnxruntime-gpu", "onnxscript", "tf2onnx", "transformers",
-    "nvidia-pytriton", "tritonclient", "onnxruntime-extensions", "numpy", "scikit-learn",
-)
+def package_versions() -> dict[str, str | None]:
+    """{label: version or None} for PACKAGES, by import name (lesson 00's inventory; `make doctor`)."""
+    out = {}
+    for label, module in PACKAGES.items():
+        found = distribution_version(module)
+        out[label] = None if found is None else found[1]
+    return out
 
 
 def inventory() -> dict:
@@ -319,7 +373,7 @@ def inventory() -> dict:
         "cpu_count": os.cpu_count(),
         "memory_gib": _memory_gib(),
         "cpu_features": {f: f in flags for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")},
-        "packages": {p: _version(p) for p in PACKAGES},
+        "packages": package_versions(),
         "capabilities": {k: {"available": c.available, "reason": c.reason} for k, c in capabilities().items()},
     }
     try:
@@ -346,9 +400,13 @@ def _print_doctor(short: bool) -> int:
         mark = "yes" if cap.available else "no "
         print(f"  [{mark}] {name:13s} {cap.reason}")
     missing = [p for p, v in inv["packages"].items() if v is None]
-    if missing:
-        print(f"error: missing packages {missing}: run `make env`", file=sys.stderr)
+    core = [p for p in missing if p in CORE_PACKAGES]
+    if core:
+        print(f"error: the course cannot run without {core}: run `make env` (or see README 'Bring your own "
+              "environment')", file=sys.stderr)
         return 1
+    if missing:
+        print(f"not installed (the sections that need them skip, saying why): {', '.join(missing)}")
     return 0
 
 

@@ -325,7 +325,7 @@ def _try_prefix(prefix: tuple[str, ...], workdir: Path) -> tuple[bool, str]:
     probe = [sys.executable, "-m", "utils.grade", "_probe", str(scratch), str(outside), str(port)]
     try:
         proc = subprocess.run([*prefix, *_stage(scratch, probe)], capture_output=True, text=True, timeout=60,
-                              cwd=env.repo_root())
+                              cwd=env.repo_root(), env=env.child_environ())
     except (OSError, subprocess.TimeoutExpired) as exc:
         return False, f"{prefix[0]} failed to start ({exc})"
     finally:
@@ -402,7 +402,7 @@ def _scratch_env(scratch: Path, smoke: bool) -> dict[str, str]:
     out["WORKBOOK_SMOKE"] = "1" if smoke else "0"
     out["PYTHONDONTWRITEBYTECODE"] = "1"
     out.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    return out
+    return env.child_environ(out)
 
 
 def _run(nb_in: Path, nb_out: Path, timeout: int) -> int:

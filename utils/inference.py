@@ -22,6 +22,8 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
+from utils import env as _env
+
 __all__ = [
     "DeviceMismatchError",
     "model_device",
@@ -229,8 +231,8 @@ def cold_start(model: str = "resnet18", *, batch: int = 1, image_size: int = 224
         raise ValueError(f"batch must be >= 1 and image_size >= 16, got batch={batch}, image_size={image_size}")
     cmd = [sys.executable, "-m", "utils.inference", "cold-start", model, str(batch), str(image_size), device,
            str(steady_min_run_time)]
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    child = _env.child_environ({**os.environ, "PYTHONWARNINGS": "ignore"})
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=child)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"cold-start child process failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")

@@ -86,6 +86,7 @@ def init(notebook: str) -> Path:
         "notes": {},
         "anchors": {},
         "skipped": {},
+        "ran": [],
         "figures": [],
         "env": _env_summary(),
     }
@@ -151,6 +152,16 @@ def record_skip(section: str, reason: str) -> None:
         return
     _current["skipped"][section] = reason
     _flush()
+
+
+def record_ran(section: str) -> None:
+    """Note an optional section whose capability was present, so it ran (called by env.requires; make gpu-check)."""
+    if _current is None:
+        return
+    ran = _current.setdefault("ran", [])
+    if section not in ran:
+        ran.append(section)
+        _flush()
 
 
 def save_figure(fig, name: str) -> Path:

@@ -15,8 +15,11 @@ The operator the lesson registers (torch.library.custom_op, fake kernel, autogra
 from __future__ import annotations
 
 import hashlib
+import json
 import re
+import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +37,9 @@ __all__ = [
     "build",
     "compile_check_cuda",
     "source_excerpt",
+    "raw_errors",
+    "RAW_BAD_INPUTS",
+    "error_probe",
     "warmup",
 ]
 
@@ -319,6 +325,82 @@ def source_excerpt(block: str, file: str = "softmax.cpp") -> str:
         blocks = re.findall(r"^// BEGIN (.+)$", text, re.M)
         raise KeyError(f"no block {block!r} in {file}; blocks: {blocks}")
     return m.group(1).rstrip()
+
+
+# Bad inputs for the raw extension ops (no Python wrapper in front): each must come back as a RuntimeError that
+# names what was expected. Expressions over `ops` (the build's torch.ops namespace) and `torch`.
+RAW_BAD_INPUTS = {
+    "strided x to the raw kernel": "ops.softmax_forward(torch.ones(4, 6).t(), 0)",
+    "unknown algorithm": "ops.softmax_forward(torch.ones(2, 3), 7)",
+    "backward shape mismatch": "ops.softmax_backward(torch.ones(3, 4), torch.ones(3, 5))",
+    "backward dtype mismatch": "ops.softmax_backward(torch.ones(3, 4), torch.ones(3, 4, dtype=torch.float64))",
+}
+
+_CHILD = """
+import json, sys, torch
+torch.ops.load_library(sys.argv[1])
+ops = getattr(torch.ops, sys.argv[2])
+for name, expr in json.loads(sys.argv[3]).items():
+    print(json.dumps({"start": name}), flush=True)
+    try:
+        eval(expr)
+        result = "no error"
+    except Exception as exc:
+        result = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    print(json.dumps({"name": name, "result": result}), flush=True)
+"""
+
+
+def raw_errors(ext: Extension, calls: dict[str, str] | None = None, timeout: float = 120) -> dict[str, str]:
+    """Call `ext`'s raw ops with bad inputs in a child process: {name: "RuntimeError: <first line>"} (lesson 06).
+
+    `calls` maps a name to an expression over ``ops`` (the build's operator namespace) and ``torch``; the default is
+    RAW_BAD_INPUTS. A C++ error normally comes back as a Python RuntimeError. On a machine where the compiler and
+    the installed torch disagree about how exceptions cross the library boundary, the call kills its process
+    instead: in the child that becomes "crashed: SIGSEGV ..." for that call, and the remaining calls run in a new
+    child. The notebook or test that asked never goes down.
+    """
+    pending = dict(RAW_BAD_INPUTS if calls is None else calls)
+    results: dict[str, str] = {}
+    while pending:
+        proc = subprocess.run([sys.executable, "-c", _CHILD, str(ext.library), ext.namespace, json.dumps(pending)],
+                              capture_output=True, text=True, timeout=timeout)
+        started = None
+        for line in proc.stdout.splitlines():
+            if not line.startswith("{"):
+                continue
+            msg = json.loads(line)
+            if "start" in msg:
+                started = msg["start"]
+            else:
+                results[msg["name"]] = msg["result"]
+                pending.pop(msg["name"], None)
+        if proc.returncode != 0:
+            if started is None or started in results:  # died before or between calls: report it, do not loop
+                tail = (proc.stderr.strip().splitlines() or ["no error output"])[-1]
+                raise RuntimeError(f"the child process for {ext.namespace} failed (exit {proc.returncode}): {tail}")
+            how = (f"signal {signal.Signals(-proc.returncode).name}" if proc.returncode < 0
+                   else f"exit code {proc.returncode}")
+            results[started] = (f"crashed: {how} (a C++ exception did not come back to Python: "
+                                "see `make doctor`, check 'C++ extension errors')")
+            pending.pop(started)
+    return {name: results[name] for name in (RAW_BAD_INPUTS if calls is None else calls)}
+
+
+def error_probe() -> tuple[bool, str]:
+    """Build utils/kernels/probe.cpp like softmax.cpp and make it raise (`make doctor`; lesson 06).
+
+    (True, detail) when its C++ error comes back to Python as a RuntimeError; (False, detail) when the call kills
+    its (child) process, which means a bad input to any extension built here would take the notebook down.
+    """
+    import torch
+
+    ext = build(KERNEL_DIR / "probe.cpp", name="wb_probe")
+    (result,) = raw_errors(ext, {"strided": "ops.check_contiguous(torch.ones(4, 6).t())"}).values()
+    compiler = env.capabilities()["cxx"].reason
+    if result.startswith("RuntimeError") and "expected a contiguous tensor" in result:
+        return True, f"an error in a C++ extension comes back as a Python RuntimeError ({compiler}, torch {torch.__version__})"
+    return False, f"{result} ({compiler}, torch {torch.__version__})"
 
 
 def warmup() -> str:
