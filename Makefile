@@ -15,10 +15,10 @@ NOTEBOOKS ?=
 # Extra arguments for `make lab`, e.g. LAB_ARGS="--no-browser --port 8890"
 LAB_ARGS ?=
 
-.PHONY: help env course test lab labs report lint doctor warmup grade site agenda clean
+.PHONY: help env course test test-course test-lean gpu-check lab labs report lint doctor warmup grade site agenda clean
 
 help:  ## list the targets
-	@grep -E '^[a-z-]+:.*## ' Makefile | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' Makefile | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
 env:  ## create (or reuse) the Python environment and print where it is
 	@$(ENV) && echo "environment: $$env_dir" && $$PY -m utils.env --short
@@ -26,8 +26,21 @@ env:  ## create (or reuse) the Python environment and print where it is
 course:  ## run every lesson headless in full mode; executed notebooks, build/report.md/.html and build/site/
 	@$(ENV) && $$PY -m utils.run --full $(NOTEBOOKS)
 
-test:  ## the whole test suite in smoke mode (installs the environment if missing)
+test: test-course test-lean  ## every test: the course environment's suite, then your-own-environment's (lean) one
+
+test-course:  ## the whole test suite in smoke mode in the course environment (installs it if missing)
 	@$(ENV) && WORKBOOK_SMOKE=1 $$PY -m pytest $(PYTEST_ARGS)
+
+# The bring-your-own-environment path, proved on CPU: a lean environment unlike the course's (torch 2.11 on Python
+# 3.12, NumPy 2, plain onnxruntime, no TensorFlow, no Triton; the project NOT pip-installed) runs the doctor, the
+# unit tests and every lesson in smoke mode; what it lacks is skipped with a one-line reason.
+test-lean:  ## your-own-environment path in a lean env (torch 2.11, Python 3.12, no TF/Triton): doctor, unit tests, lessons
+	@lean=$$(scripts/ensure_lean_env.sh) && export WORKBOOK_OWN_ENV=1 WORKBOOK_SMOKE=1 \
+	  WORKBOOK_BUILD_DIR="$(CURDIR)/build/lean" && rm -rf build/lean/results && \
+	  "$$lean/bin/python" -m utils.doctor && "$$lean/bin/python" -m pytest tests -m "not notebook" $(PYTEST_ARGS)
+
+gpu-check:  ## on a GPU machine: every GPU section (tests + lessons in smoke mode) -> build/results/gpu_check.json
+	@$(ENV) && $$PY -m utils.gpu_check
 
 lab:  ## open JupyterLab on the course (127.0.0.1; also as root, as containers and cloud GPU machines run)
 	@$(ENV) && $$PY -m utils.labserver $(LAB_ARGS)

@@ -6,6 +6,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 
@@ -37,7 +38,10 @@ def test_make_lab_serves_lesson_00_and_it_renders(tmp_path):
     log = tmp_path / "lab.log"
     child = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"), "IPYTHONDIR": str(tmp_path / "ipython")}
     with open(log, "w") as out:
-        proc = subprocess.Popen(["make", "--no-print-directory", "lab", f"LAB_ARGS=--no-browser --port {port}"],
+        # `make lab` in the course environment; in your own (WORKBOOK_OWN_ENV=1) the command it runs, there
+        own = [sys.executable, "-m", "utils.labserver", "--no-browser", "--port", str(port)]
+        make = ["make", "--no-print-directory", "lab", f"LAB_ARGS=--no-browser --port {port}"]
+        proc = subprocess.Popen(own if os.environ.get("WORKBOOK_OWN_ENV") == "1" else make,
                                 cwd=env.repo_root(), env=child, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     try:

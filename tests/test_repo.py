@@ -1,5 +1,6 @@
 """Repository hygiene: layout, stripped notebooks, lesson shape, pinned requirements, the two README commands."""
 
+import os
 import re
 import subprocess
 import sys
@@ -74,6 +75,10 @@ def test_requirements_are_pinned_and_cover_the_course():
     assert "torch==2.14." in (ROOT / "requirements.txt").read_text()
 
 
+OWN_ENV = os.environ.get("WORKBOOK_OWN_ENV") == "1"
+
+
+@pytest.mark.skipif(OWN_ENV, reason="your own environment (WORKBOOK_OWN_ENV=1): the lock describes the course's")
 def test_installed_versions_match_the_lock():
     import importlib.metadata as md
 
@@ -104,5 +109,6 @@ def test_readme_quick_start_has_the_two_commands():
 
 
 def test_ruff_is_clean():
+    pytest.importorskip("ruff", reason="ruff is a maintainer's tool (the course environment has it)")
     proc = subprocess.run([sys.executable, "-m", "ruff", "check", "utils", "tests"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr

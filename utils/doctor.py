@@ -160,7 +160,7 @@ def checks(quick: bool = False) -> list[Check]:
                              "make env (or, in your own environment: pip install -r requirements-byo.txt)"))
     for pkg, sections in OPTIONAL_PACKAGES.items():
         if _version(pkg) is None:
-            out.append(Check(f"package {pkg}", "warn", f"not installed: {sections} skip, saying why",
+            out.append(Check(f"package {pkg}", "warn", f"not installed: {sections} will skip, saying why",
                              "optional; the course environment (make env) has it"))
     if not quick and "torch" not in missing_core:
         out.append(_torch_runs())

@@ -60,8 +60,11 @@ OPTIONAL_SECTIONS: dict[str, tuple[str, str]] = {
     "03.cudnn-benchmark": ("cuda", "cudnn.benchmark autotuning"),
     "03.gpu-utilization": ("cuda", "GPU utilization during training"),
     "03.nsight": ("cuda", "Nsight Systems / Compute command lines with NVTX ranges"),
+    "04.tensorflow": ("tf2onnx", "Keras -> SavedModel -> ONNX with tf2onnx, and TFLite int8"),
+    "04.ort-custom-op": ("onnxruntime_extensions", "a custom-domain op run inside ONNX Runtime (onnxruntime-extensions)"),
     "04.ort-cuda": ("cuda", "ONNX Runtime CUDA execution provider and IO binding"),
     "04.tensorrt": ("tensorrt", "TensorRT engine build, fusion inspection, parity and latency"),
+    "05.model-config": ("tritonclient", "config.pbtxt through Triton's protobuf schema and the model repository"),
     "05.triton": ("tritonserver", "the Triton ensemble, load tests and hardening"),
     "05.gpu-instances": ("cuda", "Triton KIND_GPU instances and a GPU encoder"),
     "06.cpu-kernel": ("cxx", "build the C++ softmax extension"),
@@ -248,7 +251,11 @@ def capabilities() -> dict[str, Capability]:
         "tensorflow": _module("tensorflow", "tensorflow"),
         "onnxruntime": _module("onnxruntime", "onnxruntime (or onnxruntime-gpu)"),
         "onnxruntime_extensions": _module("onnxruntime_extensions", "onnxruntime-extensions"),
+        "tritonclient": _module("tritonclient", "tritonclient[all]"),
     }
+    tf2onnx = _module("tf2onnx", "tf2onnx")
+    caps["tf2onnx"] = Capability("tf2onnx", caps["tensorflow"].available and tf2onnx.available,
+                                 "; ".join(dict.fromkeys([caps["tensorflow"].reason, tf2onnx.reason])))
     caps["cuda+nvcc"] = Capability(
         "cuda+nvcc", cuda.available and caps["nvcc"].available, f"{cuda.reason}; {caps['nvcc'].reason}"
     )
