@@ -35,7 +35,7 @@ test-course:  ## the whole test suite in smoke mode in the course environment (i
 # 3.12, NumPy 2, plain onnxruntime, no TensorFlow, no Triton; the project NOT pip-installed) runs the doctor, the
 # unit tests and every lesson in smoke mode; what it lacks is skipped with a one-line reason.
 test-lean:  ## your-own-environment path in a lean env (torch 2.11, Python 3.12, no TF/Triton): doctor, unit tests, lessons
-	@lean=$$(scripts/ensure_lean_env.sh) && export WORKBOOK_OWN_ENV=1 WORKBOOK_SMOKE=1 \
+	@lean=$$(scripts/ensure_env.sh lean) && export WORKBOOK_OWN_ENV=1 WORKBOOK_SMOKE=1 \
 	  WORKBOOK_BUILD_DIR="$(CURDIR)/build/lean" && rm -rf build/lean/results && \
 	  "$$lean/bin/python" -m utils.doctor && "$$lean/bin/python" -m pytest tests -m "not notebook" $(PYTEST_ARGS)
 
