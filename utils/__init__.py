@@ -17,6 +17,8 @@ functions that need them), so ``import utils.env`` is instant even on a machine 
     triton_repo, load           the Triton model repository and the load generator (lesson 05)
     kernels    the fused softmax extension (lesson 06)
     interview, claims, site, grade, warmup, doctor   interview prep, report and instructor kit (07)
+    labserver  `make lab`: JupyterLab on the course, as root too (README)
+    gpu_check  `make gpu-check`: every GPU section on a GPU machine, with a table (README "GPU machines")
     checks     one module of lab checks per lesson
 """
 
