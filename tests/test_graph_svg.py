@@ -25,7 +25,21 @@ def test_one_box_per_node_and_one_line_per_internal_edge():
     assert [g.get("data-op") for g in groups] == [n.op_type for n in model.graph.node]
     producers = {o for n in model.graph.node for o in n.output}
     internal = sum(1 for n in model.graph.node for t in n.input if t in producers)
-    assert len(root.findall("s:line", ns)) == internal
+    edges = [e for e in root if e.get("class") == "edge"]
+    assert len(edges) == internal and all(e.tag.endswith("line") for e in edges)  # a chain: row to next row
+
+
+def test_an_edge_that_skips_rows_bows_around_the_boxes():
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Neg", ["a"], ["b"]),
+             helper.make_node("Abs", ["b"], ["c"]), helper.make_node("Add", ["a", "c"], ["y"])]  # a residual
+    info = helper.make_tensor_value_info
+    model = helper.make_model(helper.make_graph(nodes, "residual", [info("x", TensorProto.FLOAT, [2])],
+                                                [info("y", TensorProto.FLOAT, [2])]))
+    root = _parse(graph_svg(model))
+    edges = [e for e in root if e.get("class") == "edge"]
+    assert sorted(e.tag.rsplit("}", 1)[-1] for e in edges) == ["line", "line", "line", "path"]
     assert "mlp &lt;before&gt;" in graph_svg(model, title="mlp <before>")  # titles are escaped
 
 

@@ -92,8 +92,13 @@ def graph_svg(model, *, title: str | None = None, max_nodes: int = 600, columns:
         for t in n.input:
             if t in producer and producer[t] != i:
                 x0, y0 = pos[producer[t]]
-                parts.append(f'<line class="edge" x1="{x0 + _BOX_W / 2}" y1="{y0 + _BOX_H}" x2="{x1 + _BOX_W / 2}" '
-                             f'y2="{y1}" stroke="#888" stroke-width="1"/>')
+                a, b = (x0 + _BOX_W / 2, y0 + _BOX_H), (x1 + _BOX_W / 2, y1)
+                if y1 - y0 <= _BOX_H + _GAP_Y:  # next row: a straight line
+                    parts.append(f'<line class="edge" x1="{a[0]}" y1="{a[1]}" x2="{b[0]}" y2="{b[1]}" stroke="#888"/>')
+                else:  # skips rows (a residual connection): bow out to the right so the boxes between do not hide it
+                    bow = _BOX_W / 2 + _GAP_X
+                    parts.append(f'<path class="edge" d="M{a[0]},{a[1]} C{a[0] + bow},{a[1]} {b[0] + bow},{b[1]} '
+                                 f'{b[0]},{b[1]}" fill="none" stroke="#888"/>')
     for i, n in enumerate(nodes):
         x, y = pos[i]
         op = f"{n.domain}::{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type
