@@ -41,6 +41,8 @@ REQUIRED_METRICS = {
         "onnx_parity_max_abs", "ort_speedup_vs_eager_bs8", "ort_nodes_before_opt", "ort_nodes_after_opt",
         "constant_folding_nodes_removed", "bert_fused_attention_nodes", "int8_size_ratio", "int8_top1_agreement",
         "int8_speedup", "digits_int8_accuracy_drop", "tf2onnx_parity_max_abs", "custom_op_ort_parity_max_abs",
+        "graph_pass_nodes_removed", "graph_pass_parity_max_abs", "graph_pass_ort_speedup",
+        "preprocess_in_graph_parity_max_abs", "conversion_gate_checks",
     ],
     "05_triton_ensemble": [
         "dynamic_batching_throughput_gain", "p95_ms_batching", "p95_ms_no_batching", "ensemble_parity_max_abs",

@@ -167,3 +167,13 @@ def test_trt_helpers_without_tensorrt(tmp_path):
         with pytest.raises(trt_tools.TensorRTMissing, match="not installed"):
             trt_tools.build_engine(tmp_path / "m.onnx", tmp_path / "m.plan", input_name="images",
                                    sample_shape=(3, 8, 8))
+
+
+def test_conversion_gate_failure_names_the_broken_budget():
+    from tests.test_conversion_gate import within_budget
+
+    within_budget("latency_vs_eager", 0.5, 1.5)  # within budget: no exception
+    with pytest.raises(AssertionError, match=r"budget 'size_over_fp32_params' broken: measured 2x > limit 1.25x"):
+        within_budget("size_over_fp32_params", 2.0, 1.25, "x")
+    with pytest.raises(AssertionError, match=r"budget 'parity_atol' cannot be checked: measured value is nan"):
+        within_budget("parity_atol", float("nan"), 1e-4)

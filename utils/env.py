@@ -64,6 +64,7 @@ OPTIONAL_SECTIONS: dict[str, tuple[str, str]] = {
     "04.ort-custom-op": ("onnxruntime_extensions", "a custom-domain op run inside ONNX Runtime (onnxruntime-extensions)"),
     "04.ort-cuda": ("cuda", "ONNX Runtime CUDA execution provider and IO binding"),
     "04.tensorrt": ("tensorrt", "TensorRT engine build, fusion inspection, parity and latency"),
+    "04.trt-plugin": ("tensorrt", "the soft_clip TensorRT plugin (tensorrt.plugin API) and an engine built with it"),
     "05.model-config": ("tritonclient", "config.pbtxt through Triton's protobuf schema and the model repository"),
     "05.triton": ("tritonserver", "the Triton ensemble, load tests and hardening"),
     "05.gpu-instances": ("cuda", "Triton KIND_GPU instances and a GPU encoder"),

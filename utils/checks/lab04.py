@@ -193,3 +193,75 @@ def check_latency_budget(session_fn, model, image_size: int, budget: float, path
                               "optimized or int8 model, level 'all', and as many intra-op threads as PyTorch uses")
     passed("latency budget", f"{speedup:.2f}x eager at batch 8 (budget {budget:.2f}x), top-1 agreement {agree:.0%}")
     return float(np.round(speedup, 3))
+
+
+def graph_pass_model(seed: int = 0):
+    """The graph the graph-pass task rewrites (lesson 04, section 3e): three MatMul(x, W) -> Add(b) pairs with Relu
+    between them, plus a fourth pair whose MatMul output is also a graph output (so it must stay as it is)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    dims = [16, 32, 32, 8]
+    nodes, inits, x = [], [], "x"
+    for i in range(3):
+        inits += [numpy_helper.from_array(rng.standard_normal((dims[i], dims[i + 1])).astype(np.float32), f"W{i}"),
+                  numpy_helper.from_array(rng.standard_normal(dims[i + 1]).astype(np.float32), f"b{i}")]
+        nodes += [helper.make_node("MatMul", [x, f"W{i}"], [f"mm{i}"]), helper.make_node("Add", [f"mm{i}", f"b{i}"],
+                                                                                        [f"lin{i}"])]
+        if i < 2:
+            nodes.append(helper.make_node("Relu", [f"lin{i}"], [f"h{i}"]))
+        x = f"h{i}" if i < 2 else "lin2"
+    inits += [numpy_helper.from_array(rng.standard_normal((8, 4)).astype(np.float32), "W3"),
+              numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "b3")]
+    nodes += [helper.make_node("MatMul", ["lin2", "W3"], ["scores"]), helper.make_node("Add", ["scores", "b3"], ["y"])]
+    graph = helper.make_graph(nodes, "mlp_matmul_add", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                                      ["batch", 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4]),
+                               helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", 4])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8  # ONNX Runtime reads up to IR 13; onnx writes newer by default
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def check_graph_pass(pass_fn) -> dict:
+    """The learner's fuse_matmul_add(model) returns a valid graph with the three fusable MatMul+Add pairs as Gemm,
+    the fourth (whose MatMul output is a graph output) untouched, the graph outputs kept, and the same outputs
+    (checked in ONNX Runtime with its own optimizations off)."""
+    import copy
+
+    import numpy as np
+    import onnx
+
+    original = graph_pass_model()
+    out = call(pass_fn, copy.deepcopy(original), what="fuse_matmul_add(model)")
+    expect(isinstance(out, onnx.ModelProto), f"fuse_matmul_add should return an onnx.ModelProto (gs.export_onnx), "
+                                             f"got {type(out).__name__}")
+    try:
+        onnx.checker.check_model(out, full_check=True)
+    except Exception as exc:  # noqa: BLE001 - the checker's message is what the learner needs
+        raise LabCheckFailed(f"the ONNX checker rejected the rewritten graph: {exc}") from None
+    ops = onnx_tools.op_histogram(out)
+    before = onnx_tools.node_count(original)
+    expect(ops.get("Gemm", 0) == 3, f"expected 3 Gemm nodes (one per fusable MatMul+Add pair), found "
+                                    f"{ops.get('Gemm', 0)}; ops now: {dict(ops)}")
+    expect(ops.get("MatMul", 0) == 1 and ops.get("Add", 0) == 1,
+           f"the last MatMul feeds a graph output ('scores') as well as its Add: it must stay a MatMul + Add "
+           f"(found {ops.get('MatMul', 0)} MatMul and {ops.get('Add', 0)} Add)")
+    expect(len(out.graph.node) == before - 3, f"{before} nodes should become {before - 3}, got {len(out.graph.node)}:"
+                                              " remove each fused Add (graph.cleanup())")
+    outputs = [o.name for o in out.graph.output]
+    expect(outputs == ["y", "scores"], f"the graph outputs must stay ['y', 'scores'], they are {outputs}")
+    x = np.random.default_rng(1).standard_normal((5, 16)).astype(np.float32)
+    try:
+        got = onnx_tools.ort_session(out.SerializeToString(), level="disabled").run(None, {"x": x})
+    except Exception as exc:  # noqa: BLE001 - any load failure becomes a lab message
+        raise LabCheckFailed(f"ONNX Runtime cannot run the rewritten graph: {type(exc).__name__}: {exc} "
+                             "(did you keep the IR version? out.ir_version = model.ir_version)") from None
+    want = onnx_tools.ort_session(original.SerializeToString(), level="disabled").run(None, {"x": x})
+    err = max(float(np.abs(a - b).max()) for a, b in zip(got, want, strict=True))
+    expect(err <= ATOL, f"the rewritten graph's outputs differ from the original by {err:.3g} (atol {ATOL})")
+    passed("graph pass", f"{before} -> {len(out.graph.node)} nodes (3 MatMul+Add -> Gemm), max abs error {err:.2e}")
+    return {"nodes_before": before, "nodes_after": len(out.graph.node), "max_abs": err}
