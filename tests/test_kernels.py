@@ -241,6 +241,7 @@ def test_raw_errors_reports_a_crash_and_goes_on(ext):
     errors = kernels.raw_errors(ext, calls)
     assert list(errors) == list(calls)
     assert errors["kills its process"].startswith("crashed: signal SIGSEGV")
+    assert errors["kills its process"].endswith("Fatal Python error: Segmentation fault")  # faulthandler's line
     assert errors["after the crash"].startswith("RuntimeError: fused softmax: algorithm must be 0")
     assert errors["fine"] == "no error"
 
@@ -250,6 +251,11 @@ def test_error_probe_says_whether_cpp_errors_reach_python():
     ok, detail = kernels.error_probe()
     assert ok, detail  # on this machine they do; where they do not, `make doctor` warns with this detail
     assert "RuntimeError" in detail and torch.__version__ in detail
+    assert f"built by {kernels.torch_build_compiler()}" in detail
+
+
+def test_torch_build_compiler_names_a_compiler_and_version():
+    assert re.fullmatch(r"(GCC|clang|Clang|MSVC) \d+(\.\d+)*", kernels.torch_build_compiler())
 
 
 @needs_cxx

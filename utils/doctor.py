@@ -136,7 +136,7 @@ def _extension_errors() -> Check:
         return Check("C++ extension errors", "ok", detail)
     return Check("C++ extension errors", "warn", f"a C++ error kills the process instead: {detail}",
                  "lesson 06 runs its raw bad-input calls in a child process; to fix it, build with the compiler "
-                 "torch was built with (CXX=g++-<version>), then rerun make doctor")
+                 f"torch was built with ({kernels.torch_build_compiler()}: CXX=g++-<major>), then rerun make doctor")
 
 
 def checks(quick: bool = False) -> list[Check]:

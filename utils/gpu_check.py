@@ -26,7 +26,7 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from utils import env
+from utils import env, kernels
 
 __all__ = ["GPU_CAPABILITIES", "GPU_TESTS", "KEY_METRICS", "gpu_sections", "device_info", "run_tests", "run_lessons",
            "summarize", "main"]
@@ -65,7 +65,9 @@ def device_info() -> dict:
     caps = env.capabilities()
     info = {"torch": torch.__version__, "cuda_build": torch.version.cuda, "python": sys.version.split()[0],
             "capabilities": {k: {"available": c.available, "reason": c.reason} for k, c in caps.items()},
-            "packages": env.package_versions(), "date": time.strftime("%Y-%m-%d")}
+            "packages": env.package_versions(), "date": time.strftime("%Y-%m-%d"),
+            # an extension's C++ errors cross torch's frames: the two compilers are the first suspects if they crash
+            "cxx": caps["cxx"].reason, "torch_built_with": kernels.torch_build_compiler()}
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         info.update(gpu=props.name, compute_capability=f"{props.major}.{props.minor}",

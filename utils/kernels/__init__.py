@@ -40,6 +40,7 @@ __all__ = [
     "raw_errors",
     "RAW_BAD_INPUTS",
     "error_probe",
+    "torch_build_compiler",
     "warmup",
 ]
 
@@ -337,7 +338,8 @@ RAW_BAD_INPUTS = {
 }
 
 _CHILD = """
-import json, sys, torch
+import faulthandler, json, sys, torch
+faulthandler.enable()  # a crash prints the signal and the Python line that made the call to stderr
 torch.ops.load_library(sys.argv[1])
 ops = getattr(torch.ops, sys.argv[2])
 for name, expr in json.loads(sys.argv[3]).items():
@@ -381,8 +383,9 @@ def raw_errors(ext: Extension, calls: dict[str, str] | None = None, timeout: flo
                 raise RuntimeError(f"the child process for {ext.namespace} failed (exit {proc.returncode}): {tail}")
             how = (f"signal {signal.Signals(-proc.returncode).name}" if proc.returncode < 0
                    else f"exit code {proc.returncode}")
+            fatal = next((ln.strip() for ln in proc.stderr.splitlines() if ln.startswith("Fatal Python error")), "")
             results[started] = (f"crashed: {how} (a C++ exception did not come back to Python: "
-                                "see `make doctor`, check 'C++ extension errors')")
+                                f"see `make doctor`, check 'C++ extension errors'){'; ' + fatal if fatal else ''}")
             pending.pop(started)
     return {name: results[name] for name in (RAW_BAD_INPUTS if calls is None else calls)}
 
@@ -397,10 +400,23 @@ def error_probe() -> tuple[bool, str]:
 
     ext = build(KERNEL_DIR / "probe.cpp", name="wb_probe")
     (result,) = raw_errors(ext, {"strided": "ops.check_contiguous(torch.ones(4, 6).t())"}).values()
-    compiler = env.capabilities()["cxx"].reason
+    where = (f"extension built by {env.capabilities()['cxx'].reason}; torch {torch.__version__} built by "
+             f"{torch_build_compiler()}")
     if result.startswith("RuntimeError") and "expected a contiguous tensor" in result:
-        return True, f"an error in a C++ extension comes back as a Python RuntimeError ({compiler}, torch {torch.__version__})"
-    return False, f"{result} ({compiler}, torch {torch.__version__})"
+        return True, f"an error in a C++ extension comes back as a Python RuntimeError ({where})"
+    return False, f"{result} ({where})"
+
+
+def torch_build_compiler() -> str:
+    """The compiler the installed torch was built with, e.g. "GCC 13.3", from torch.__config__.show() (lesson 06).
+
+    An extension's exceptions travel through torch's own frames, so when a bad input kills the process instead of
+    raising, building the extension with this compiler (CXX=g++-13) is the first thing to try.
+    """
+    import torch
+
+    m = re.search(r"^\s*-\s*((?:GCC|clang|Clang|MSVC)\s+[\w.]+)", torch.__config__.show(), re.M)
+    return m.group(1) if m else "an unknown compiler"
 
 
 def warmup() -> str:
