@@ -119,11 +119,23 @@ def test_markdown_table_has_every_claim_and_a_bold_verdict():
     assert all("**not run**" in ln for ln in lines)
 
 
-def test_load_results_skips_broken_files(tmp_path):
+def test_load_all_skips_broken_files_with_a_warning_that_names_them(tmp_path):
     (tmp_path / "a.json").write_text("{broken")
     (tmp_path / "01_inference_modes.json").write_text(json.dumps({"notebook": "01_inference_modes", "metrics": {}}))
-    assert list(claims.load_results(tmp_path)) == ["01_inference_modes"]
-    assert claims.load_results(tmp_path / "missing") == {}
+    with pytest.warns(UserWarning, match=r"a\.json is unreadable.*rerun that notebook"):
+        assert list(report.load_all(tmp_path)) == ["01_inference_modes"]
+    assert report.load_all(tmp_path / "missing") == {}
+
+
+def test_evaluate_takes_the_results_dict_and_says_so():
+    with pytest.raises(TypeError, match="report.load_all"):
+        claims.evaluate(None)
+
+
+def test_for_lesson_picks_the_claims_a_lesson_measures():
+    ids = {c.id for c in claims.for_lesson("02_graphs")}
+    assert ids == {"torchscript-speedup"}
+    assert claims.for_lesson("00_environment") == ()
 
 
 @pytest.fixture

@@ -62,3 +62,18 @@ def test_record_before_init_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(report, "_current", None)
     with pytest.raises(RuntimeError, match=r"call report.init"):
         report.record("x", 1)
+
+
+def test_show_renders_metrics_claims_and_skips_the_same_way_for_every_lesson(build, capsys):
+    report.init("02_graphs")
+    report.record("script_speedup_resnet50", 1.2, unit="x", note="scripted vs eager", anchor="10-30% (source)")
+    report.record_skip("02.cuda-graphs", "needs cuda: no GPU")
+    capsys.readouterr()
+    report.show()
+    text = capsys.readouterr().out
+    assert "| `script_speedup_resnet50` | 1.2 | x | 10-30% (source) | scripted vs eager |" in text
+    assert "TorchScript: 10-30% faster" in text and "**holds**" in text  # the claim this metric tests, judged
+    assert "- skipped `02.cuda-graphs`: needs cuda: no GPU" in text
+    assert text.strip() == report.lesson_markdown(report.current()).strip()
+    with pytest.raises(FileNotFoundError, match="05_triton_ensemble.*run that notebook"):
+        report.show("05_triton_ensemble")

@@ -10,19 +10,15 @@ the range it states. ``evaluate()`` returns one ``ClaimResult`` per claim with t
 - ``not measurable here``: the lesson ran but skipped the section that measures it (the reason is given);
 - ``not run``: the lesson that measures it has no results yet.
 
-    python -m utils.claims     # print the table from build/results
+The results come in as a dict (``report.load_all()``): this module reads no files, so the results store can show a
+lesson's verdicts (``report.show()``) without an import circle.
 """
 
 from __future__ import annotations
 
-import json
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from utils import env
-
-__all__ = ["VERDICTS", "Claim", "ClaimResult", "CLAIMS", "evaluate", "markdown", "load_results"]
+__all__ = ["VERDICTS", "Claim", "ClaimResult", "CLAIMS", "evaluate", "markdown", "for_lesson"]
 
 HOLDS, BEYOND, FAILS, NOT_HERE, NOT_RUN = (
     "holds", "holds (beyond the claimed range)", "does not hold", "not measurable here", "not run",
@@ -139,21 +135,6 @@ CLAIMS: tuple[Claim, ...] = (
 )
 
 
-def load_results(directory: Path | None = None) -> dict[str, dict]:
-    """Results files keyed by notebook stem (unreadable files are skipped: the claim reads 'not run')."""
-    directory = Path(directory) if directory is not None else env.build_dir() / "results"
-    out: dict[str, dict] = {}
-    if not directory.is_dir():
-        return out
-    for path in sorted(directory.glob("*.json")):
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        out[data.get("notebook", path.stem)] = data
-    return out
-
-
 def _fmt(value, unit: str) -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"
@@ -223,20 +204,29 @@ def _evaluate_one(c: Claim, results: dict[str, dict]) -> ClaimResult:
                        metric=metric, lesson=lesson, mode=mode, anchor=anchor, context=context)
 
 
-def evaluate(results: dict[str, dict] | None = None, claims: tuple[Claim, ...] = CLAIMS) -> list[ClaimResult]:
-    """One ClaimResult per claim, from the results files (default: build/results). Course report; lesson 07."""
-    results = load_results() if results is None else results
+def evaluate(results: dict[str, dict], claims: tuple[Claim, ...] = CLAIMS) -> list[ClaimResult]:
+    """One ClaimResult per claim from `results` ({lesson stem: results file}, as report.load_all() returns them).
+
+    Course report; lesson 07.
+    """
+    if not isinstance(results, dict):
+        raise TypeError(f"evaluate() takes the results dict from report.load_all(), got {type(results).__name__}")
     return [_evaluate_one(c, results) for c in claims]
+
+
+def for_lesson(stem: str, claims: tuple[Claim, ...] = CLAIMS) -> tuple[Claim, ...]:
+    """The claims whose measurement (or context) one lesson records, e.g. "04_onnx_tensorrt" (report.show())."""
+    return tuple(c for c in claims if any(lesson == stem for lesson, _ in (*c.metrics, *c.also)))
 
 
 def _cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def markdown(results: dict[str, dict] | None = None) -> str:
-    """The claims table in Markdown (what report.md embeds)."""
-    rows = evaluate(results)
-    by_id = {c.id: c for c in CLAIMS}
+def markdown(results: dict[str, dict], claims: tuple[Claim, ...] = CLAIMS) -> str:
+    """The claims table in Markdown (what report.md embeds, and report.show() for one lesson's claims)."""
+    rows = evaluate(results, claims)
+    by_id = {c.id: c for c in claims}
     lines = [
         "| claim (source) | claimed | measured here | verdict | why / how measured | published anchor |",
         "|---|---|---|---|---|---|",
@@ -251,7 +241,3 @@ def markdown(results: dict[str, dict] | None = None) -> str:
         )
     return "\n".join(lines)
 
-
-if __name__ == "__main__":
-    print(markdown())
-    sys.exit(0)

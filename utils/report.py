@@ -22,14 +22,15 @@ import math
 import os
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
-from utils import env
+from utils import claims, env
 
 __all__ = [
     "init", "record", "record_skip", "save_figure", "results_dir", "load_all", "render", "render_html", "agenda",
-    "current",
+    "current", "show", "lesson_markdown",
 ]
 
 _current: dict[str, Any] | None = None
@@ -191,14 +192,19 @@ def set_runtime(notebook: str, seconds: float, mode: str) -> None:
 
 
 def load_all(directory: Path | None = None) -> dict[str, dict]:
-    """Every results file, keyed by notebook stem, in lesson order."""
-    directory = directory or results_dir()
+    """Every results file, keyed by notebook stem, in lesson order (course report, claims, report.show()).
+
+    A file that is not valid JSON (a run killed while writing, an edit by hand) is skipped with a warning that names
+    it: its lesson then reads as not run, and the rest of the report still renders.
+    """
+    directory = Path(directory) if directory is not None else results_dir()
     out = {}
-    for path in sorted(directory.glob("*.json")):
+    for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
         try:
             data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path} is not valid JSON ({exc}); rerun that notebook") from exc
+        except (OSError, json.JSONDecodeError) as exc:
+            warnings.warn(f"{path} is unreadable ({exc}); skipped: rerun that notebook", stacklevel=2)
+            continue
         out[data.get("notebook", path.stem)] = data
     return out
 
@@ -327,10 +333,62 @@ def update_agenda(path: Path, results: dict[str, dict] | None = None) -> bool:
     return False
 
 
+def lesson_markdown(data: dict, results: dict[str, dict] | None = None) -> str:
+    """One lesson's results as Markdown: every metric with its value, unit, published anchor and note, the source
+    claims its metrics test with their verdicts, and the sections it skipped (report.show() in every lesson; the
+    course report's per-lesson tables).
+
+    `data` is one results file (report.current() or an entry of load_all()); `results` are all of them, for claims
+    that read metrics of other lessons too (default: the files on disk, with `data` in place of its own).
+    """
+    stem = data.get("notebook", "")
+    lines = [f"*{data.get('mode', '?')} run*" + (" (shrunken sizes: `make course` runs the full one)"
+                                                 if data.get("mode") == "smoke" else "")]
+    metrics = data.get("metrics", {})
+    if metrics:
+        lines += ["", "| metric | value | unit | published anchor | note |", "|---|---|---|---|---|"]
+        for name, value in metrics.items():
+            lines.append(
+                f"| `{name}` | {_fmt(value)} | {data.get('units', {}).get(name, '')} | "
+                f"{_fmt(data.get('anchors', {}).get(name, ''))} | {_fmt(data.get('notes', {}).get(name, ''))} |"
+            )
+    else:
+        lines += ["", "No metrics recorded yet."]
+    mine = claims.for_lesson(stem)
+    if mine:
+        everything = {**(load_all() if results is None else results), stem: data}
+        lines += ["", "Claims these measurements test:", "", claims.markdown(everything, mine)]
+    skipped = data.get("skipped", {})
+    if skipped:
+        lines.append("")
+        lines += [f"- skipped `{section}`: {_fmt(reason)}" for section, reason in skipped.items()]
+    return "\n".join(lines)
+
+
+def show(notebook: str | None = None) -> None:
+    """Show a lesson's recorded results the way every lesson ends (its "measured on this machine" cell): in Jupyter
+    as rendered tables, elsewhere as Markdown text (lesson_markdown). `notebook`: a lesson stem; default the open one.
+    """
+    if notebook is None:
+        data = current()
+    else:
+        data = load_all().get(notebook)
+        if data is None:
+            raise FileNotFoundError(f"no results for {notebook!r} in {results_dir()}: run that notebook first")
+    text = lesson_markdown(data)
+    try:
+        from IPython import get_ipython
+        from IPython.display import Markdown, display
+    except ImportError:
+        get_ipython = None
+    if get_ipython is not None and getattr(get_ipython(), "kernel", None) is not None:
+        display(Markdown(text))
+    else:
+        print(text)
+
+
 def render(directory: Path | None = None, out: Path | None = None) -> Path:
     """Write build/report.md from the results files. Returns its path."""
-    from utils import claims
-
     results = load_all(directory)
     out = out or env.build_dir() / "report.md"
     inv = env.inventory()
@@ -352,18 +410,7 @@ def render(directory: Path | None = None, out: Path | None = None) -> Path:
         lines += ["", "A one-day workshop agenda built from these run times: `make agenda` (docs/INSTRUCTOR.md).", ""]
         for stem, data in results.items():
             title = lesson_title(stem)
-            lines += [f"## {stem}" + (f": {title}" if title else ""), ""]
-            metrics = data.get("metrics", {})
-            if metrics:
-                lines += ["| metric | value | unit | published anchor | note |", "|---|---|---|---|---|"]
-                for name, value in metrics.items():
-                    lines.append(
-                        f"| `{name}` | {_fmt(value)} | {data.get('units', {}).get(name, '')} | "
-                        f"{_fmt(data.get('anchors', {}).get(name, ''))} | {_fmt(data.get('notes', {}).get(name, ''))} |"
-                    )
-                lines.append("")
-            for section, reason in data.get("skipped", {}).items():
-                lines.append(f"- skipped `{section}`: {reason}")
+            lines += [f"## {stem}" + (f": {title}" if title else ""), "", lesson_markdown(data, results)]
             for fig in data.get("figures", []):
                 lines += ["", f"![{Path(fig).stem}]({fig})"]
             lines.append("")
