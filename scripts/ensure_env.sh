@@ -63,6 +63,22 @@ case "$kind" in
 esac
 mkdir -p "$(dirname "$envdir")"
 
+# pip install with progress a person can follow: a line per 25 packages resolved, each large download with its size,
+# the install step, and every error; pip's own exit status is kept (pipefail). $1: what is being installed.
+pip_install() {
+  local label="$1"
+  shift
+  "$envdir/bin/python" -m pip install --progress-bar off "$@" 2>&1 | awk -v label="$label" '
+    /^(Collecting|Processing) / { n++; if (n % 25 == 1) { printf ">>    %s: resolving package %d\n", label, n; fflush() } }
+    /Downloading .*\([0-9.]+ (MB|GB)\)/ {
+      match($0, /\([0-9.]+ (MB|GB)\)/); split(substr($0, RSTART + 1, RLENGTH - 2), size, " ")
+      if (size[2] == "GB" || size[1] + 0 >= 50) { line = $0; sub(/^ +/, "", line); print ">>    " line; fflush() } }
+    /^Installing collected packages/ { print ">>    " label ": installing " (n ? n " packages " : "") "(unpacking: the longest quiet step)"; fflush() }
+    /^Successfully installed/ { print ">>    " label ": installed"; fflush() }
+    /^ERROR|^error:|[Ee]rror: / { print; fflush() }
+  ' >&2
+}
+
 (
   flock 9
   if [ ! -f "$envdir/.complete" ]; then
@@ -72,14 +88,14 @@ mkdir -p "$(dirname "$envdir")"
     "$envdir/bin/python" -m pip install --quiet --upgrade "pip>=24" >&2
     if [ "$kind" = course ]; then
       echo ">> installing the pinned requirements.txt (the slow part: torch, TensorFlow, ONNX Runtime, Triton)" >&2
-      "$envdir/bin/python" -m pip install --quiet --progress-bar off -r "$req" >&2
+      pip_install "requirements.txt" -r "$req"
     else
       echo ">> [1/2] the notebook's own stack: $LEAN_PREINSTALLED" >&2
       # shellcheck disable=SC2086
-      "$envdir/bin/python" -m pip install --quiet --progress-bar off $LEAN_PREINSTALLED >&2
+      pip_install "the notebook's torch" $LEAN_PREINSTALLED
       echo ">> [2/2] what the course adds: pip install -r requirements-byo.txt" >&2
       before="$("$envdir/bin/python" -c 'import torch; print(torch.__version__)')"
-      "$envdir/bin/python" -m pip install --quiet --progress-bar off -r "$req" >&2
+      pip_install "requirements-byo.txt" -r "$req"
       after="$("$envdir/bin/python" -c 'import torch; print(torch.__version__)')"
       if [ "$before" != "$after" ]; then
         echo "error: requirements-byo.txt replaced torch $before with $after; it must never do that" >&2
