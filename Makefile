@@ -21,10 +21,10 @@ help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' Makefile | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
 env:  ## create (or reuse) the Python environment and print where it is
-	@$(ENV) && echo "environment: $$env_dir" && $$PY -m utils.env --short
+	@$(ENV) && echo "environment: $$env_dir" && $$PY -m utils.core.env --short
 
 course:  ## run every lesson headless in full mode; executed notebooks, build/report.md/.html and build/site/
-	@$(ENV) && $$PY -m utils.run --full $(NOTEBOOKS)
+	@$(ENV) && $$PY -m utils.course.run --full $(NOTEBOOKS)
 
 test: test-course test-lean  ## every test: the course environment's suite, then your-own-environment's (lean) one
 
@@ -37,38 +37,38 @@ test-course:  ## the whole test suite in smoke mode in the course environment (i
 test-lean:  ## your-own-environment path in a lean env (torch 2.11, Python 3.12, no TF/Triton): doctor, unit tests, lessons
 	@lean=$$(scripts/ensure_env.sh lean) && export WORKBOOK_OWN_ENV=1 WORKBOOK_SMOKE=1 \
 	  WORKBOOK_BUILD_DIR="$(CURDIR)/build/lean" && rm -rf build/lean/results && \
-	  "$$lean/bin/python" -m utils.doctor && "$$lean/bin/python" -m pytest tests -m "not notebook" $(PYTEST_ARGS)
+	  "$$lean/bin/python" -m utils.course.doctor && "$$lean/bin/python" -m pytest tests -m "not notebook" $(PYTEST_ARGS)
 
 gpu-check:  ## on a GPU machine: every GPU section (tests + lessons in smoke mode) -> build/results/gpu_check.json
-	@$(ENV) && $$PY -m utils.gpu_check
+	@$(ENV) && $$PY -m utils.course.gpu_check
 
 lab:  ## open JupyterLab on the course (127.0.0.1; also as root, as containers and cloud GPU machines run)
-	@$(ENV) && $$PY -m utils.labserver $(LAB_ARGS)
+	@$(ENV) && $$PY -m utils.course.labserver $(LAB_ARGS)
 
 labs:  ## regenerate labs/ from solutions/
-	@$(ENV) && $$PY -m utils.labs generate
+	@$(ENV) && $$PY -m utils.course.labs generate
 
 report:  ## re-render build/report.md and build/report.html from build/results/
-	@$(ENV) && $$PY -m utils.report
+	@$(ENV) && $$PY -m utils.course.render
 
 lint:  ## ruff over utils, tests and notebooks
 	@$(ENV) && $$PY -m ruff check utils tests notebooks solutions
 
 doctor:  ## check this machine in under a minute: what will and will not run
-	@$(ENV) && $$PY -m utils.doctor
+	@$(ENV) && $$PY -m utils.course.doctor
 
 warmup:  ## pre-build what is slow the first time (extensions, exports, caches) before a workshop
-	@$(ENV) && $$PY -m utils.warmup
+	@$(ENV) && $$PY -m utils.course.warmup
 
 grade:  ## grade submitted labs into a CSV: make grade SUBMISSIONS=folder [GRADE_ARGS="--timeout 300"]
 	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=path/to/folder" >&2; exit 2; }
-	@$(ENV) && $$PY -m utils.grade "$(SUBMISSIONS)" $(GRADE_ARGS)
+	@$(ENV) && $$PY -m utils.course.grade "$(SUBMISSIONS)" $(GRADE_ARGS)
 
 site:  ## render the executed course to static HTML under build/site/ (offline)
-	@$(ENV) && $$PY -m utils.site
+	@$(ENV) && $$PY -m utils.course.site
 
 agenda:  ## workshop agenda from the measured run times (updates docs/INSTRUCTOR.md)
-	@$(ENV) && $$PY -m utils.report agenda --update docs/INSTRUCTOR.md
+	@$(ENV) && $$PY -m utils.course.agenda --update docs/INSTRUCTOR.md
 
 clean:  ## remove build outputs (the cached environment stays)
 	rm -rf build .pytest_cache .ruff_cache

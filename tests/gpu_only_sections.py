@@ -1,5 +1,5 @@
-"""The sections a notebook may skip live in utils.env.OPTIONAL_SECTIONS (one list for lessons and tests)."""
+"""The sections a notebook may skip live in utils.core.sections.OPTIONAL_SECTIONS (one list for lessons and tests)."""
 
-from utils.env import OPTIONAL_SECTIONS
+from utils.core.sections import OPTIONAL_SECTIONS
 
 GPU_ONLY_SECTIONS = {section: cap for section, (cap, _what) in OPTIONAL_SECTIONS.items()}

@@ -1,9 +1,9 @@
-"""utils.bench: timing results and the roofline probes (correctness only; no timing thresholds)."""
+"""utils.core.bench: timing results and the roofline probes (correctness only; no timing thresholds)."""
 
 import pytest
 import torch
 
-from utils import bench
+from utils.core import bench
 
 
 def test_measure_returns_positive_median_and_throughput():

@@ -1,4 +1,4 @@
-"""utils.claims and the report rendering around it: verdicts, graceful degradation, report.md/html, the agenda."""
+"""utils.core.claims and the report rendering around it: verdicts, graceful degradation, report.md/html, the agenda."""
 
 import base64
 import json
@@ -6,7 +6,8 @@ import json
 import pytest
 
 from tests.test_lesson_results import REQUIRED_METRICS
-from utils import claims, report
+from utils.core import claims, report
+from utils.course import agenda, render
 
 # a 1x1 PNG, to check that the HTML report embeds plots
 PNG = base64.b64decode(
@@ -153,10 +154,10 @@ def test_report_md_and_html_carry_claims_tables_and_plots(build):
     data["figures"] = ["figures/01_inference_modes_plot.png"]
     (build / "results" / "01_inference_modes.json").write_text(json.dumps(data))
     report.set_runtime("01_inference_modes", 61.0, "full")
-    md = report.render().read_text()
+    md = render.render().read_text()
     assert "## Claims checked on this machine" in md and "| Batch inference: 3-10x" in md
     assert "**holds**" in md and "![01_inference_modes_plot](figures/01_inference_modes_plot.png)" in md
-    html = report.render_html().read_text()
+    html = render.render_html().read_text()
     assert '<strong class="v-holds">holds</strong>' in html
     assert "data:image/png;base64," in html and 'src="figures/' not in html
     assert "<table>" in html and "http://" not in html.split("<body>")[1].split("</body>")[0].replace("http://127", "")
@@ -164,17 +165,17 @@ def test_report_md_and_html_carry_claims_tables_and_plots(build):
 
 def test_agenda_uses_measured_run_times_and_marks_missing_ones(build, tmp_path):
     results = _results(**{"00_environment": {"runtime_s": 95.0}, "01_inference_modes": {"runtime_s": 3600.0}})
-    text = report.agenda(results)
+    text = agenda.agenda(results)
     assert "| 09:00 | 00_environment" in text and "2 (full run, 95 s)" in text
     assert "60 (full run, 3600 s)" in text
     assert "Not measured yet: 02_graphs" in text and "lunch" in text
     with pytest.raises(ValueError, match="09:00"):
-        report.agenda(results, start="9am")
+        agenda.agenda(results, start="9am")
     guide = tmp_path / "guide.md"
     guide.write_text("intro\n<!-- agenda:start -->\nold\n<!-- agenda:end -->\noutro\n")
-    assert report.update_agenda(guide, results)
+    assert agenda.update_agenda(guide, results)
     body = guide.read_text()
     assert body.startswith("intro\n") and body.endswith("outro\n") and "old" not in body and "95 s" in body
     (tmp_path / "plain.md").write_text("no block")
     with pytest.raises(ValueError, match="agenda:start"):
-        report.update_agenda(tmp_path / "plain.md", results)
+        agenda.update_agenda(tmp_path / "plain.md", results)

@@ -1,4 +1,4 @@
-"""`make doctor` (utils.doctor) and `make warmup` (utils.warmup): fast, honest about what runs, clear exit codes."""
+"""`make doctor` (utils.course.doctor) and `make warmup` (utils.course.warmup): fast, honest about what runs, clear exit codes."""
 
 import json
 import subprocess
@@ -6,21 +6,22 @@ import sys
 
 import pytest
 
-from utils import doctor, env, warmup
+from utils.core import env, sections
+from utils.course import doctor, warmup
 
 
 def test_doctor_answers_in_under_a_minute_and_lists_every_section():
-    proc = subprocess.run([sys.executable, "-m", "utils.doctor"], capture_output=True, text=True, timeout=60,
+    proc = subprocess.run([sys.executable, "-m", "utils.course.doctor"], capture_output=True, text=True, timeout=60,
                           cwd=env.repo_root())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert "verdict: the course runs here" in out
     for lesson in doctor.LESSONS:
         assert f"\n  {lesson} " in out, f"lesson {lesson} missing from the plan"
-    for section in env.OPTIONAL_SECTIONS:
+    for section in sections.OPTIONAL_SECTIONS:
         assert section in out, section
     for cap, c in env.capabilities().items():
-        if not c.available and any(need == cap for need, _ in env.OPTIONAL_SECTIONS.values()):
+        if not c.available and any(need == cap for need, _ in sections.OPTIONAL_SECTIONS.values()):
             assert c.reason in out, f"the reason {cap} is missing is not printed"
 
 
@@ -30,8 +31,8 @@ def test_doctor_json_is_machine_readable(capsys):
     assert data["course_can_run"] is True
     names = {c["name"] for c in data["checks"]}
     assert {"python", "core packages", "jupyter kernel", "build folder"} <= names
-    sections = [s["section"] for v in data["sections"].values() for s in v]
-    assert sorted(sections) == sorted(env.OPTIONAL_SECTIONS)
+    listed = [s["section"] for v in data["sections"].values() for s in v]
+    assert sorted(listed) == sorted(sections.OPTIONAL_SECTIONS)
 
 
 def test_doctor_fails_only_when_the_course_cannot_run(monkeypatch, capsys):
@@ -65,7 +66,7 @@ def test_warmup_skips_absent_modules_and_hooks_with_a_reason():
     with pytest.raises(warmup.Skip, match="does not exist yet"):
         warmup._hook("utils.no_such_module_xyz", "99")()
     with pytest.raises(warmup.Skip, match="no warmup\\(\\) hook"):
-        warmup._hook("utils.env", "00")()  # a module without a warmup() hook
+        warmup._hook("utils.core.env", "00")()  # a module without a warmup() hook
     with pytest.raises(KeyError, match="unknown warm-up step"):
         warmup.run_step("nope")
 

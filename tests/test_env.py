@@ -1,8 +1,8 @@
-"""utils.env: capability flags, the guard for optional cells, device choice."""
+"""utils.core.env: capability flags, the guard for optional cells, device choice."""
 
 import pytest
 
-from utils import env, report
+from utils.core import env, report, sections
 
 
 def test_capabilities_have_reasons():
@@ -15,7 +15,7 @@ def test_capabilities_have_reasons():
 
 def test_every_optional_section_names_a_known_capability():
     caps = env.capabilities()
-    for section, (cap, what) in env.OPTIONAL_SECTIONS.items():
+    for section, (cap, what) in sections.OPTIONAL_SECTIONS.items():
         assert cap in caps, f"{section} needs unknown capability {cap}"
         assert section[:2].isdigit() and section[2] == ".", section
         assert what
@@ -26,7 +26,7 @@ def test_requires_prints_one_line_and_records_the_skip(monkeypatch, capsys, tmp_
     report.init("99_guard_test")
     missing = env.Capability("cuda", False, "no CUDA GPU visible (test)")
     monkeypatch.setitem(env.capabilities(), "cuda", missing)
-    assert env.requires("cuda", section="00.gpu-probe") is False
+    assert sections.requires("cuda", section="00.gpu-probe") is False
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and out[0].startswith("SKIPPED [00.gpu-probe] needs cuda: no CUDA GPU visible (test)")
     assert report.current()["skipped"] == {"00.gpu-probe": "needs cuda: no CUDA GPU visible (test)"}
@@ -34,21 +34,21 @@ def test_requires_prints_one_line_and_records_the_skip(monkeypatch, capsys, tmp_
 
 def test_requires_true_when_present(monkeypatch, capsys):
     monkeypatch.setitem(env.capabilities(), "cuda", env.Capability("cuda", True, "fake GPU"))
-    assert env.requires("cuda", section="00.gpu-probe") is True
+    assert sections.requires("cuda", section="00.gpu-probe") is True
     assert capsys.readouterr().out == ""
 
 
 @pytest.mark.parametrize(
     "cap, section, match",
     [
-        ("cuda", "99.not-listed", "not in utils.env.OPTIONAL_SECTIONS"),
+        ("cuda", "99.not-listed", "not in utils.core.sections.OPTIONAL_SECTIONS"),
         ("tensorrt", "00.gpu-probe", "listed as needing 'cuda'"),
         ("cuda", "", "needs a section name"),
     ],
 )
 def test_requires_rejects_bad_sections(cap, section, match):
     with pytest.raises(ValueError, match=match):
-        env.requires(cap, section=section)
+        sections.requires(cap, section=section)
 
 
 def test_has_rejects_unknown_capability():
@@ -111,5 +111,5 @@ def test_requires_records_the_sections_that_ran(monkeypatch, tmp_path):
     monkeypatch.setenv("WORKBOOK_BUILD_DIR", str(tmp_path))
     report.init("00_environment")
     monkeypatch.setattr(env, "capabilities", lambda: {"cxx": env.Capability("cxx", True, "g++ (test)")})
-    assert env.requires("cxx", section="06.cpu-kernel") is True
+    assert sections.requires("cxx", section="06.cpu-kernel") is True
     assert report.current()["ran"] == ["06.cpu-kernel"]

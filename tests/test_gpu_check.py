@@ -1,16 +1,17 @@
-"""`make gpu-check` (utils.gpu_check): on a GPU it runs every GPU section and reports what ran; without one it
+"""`make gpu-check` (utils.course.gpu_check): on a GPU it runs every GPU section and reports what ran; without one it
 says so, writes the JSON, and exits 2 (nothing checked is never reported as passed)."""
 
 import json
 
 import pytest
 
-from utils import env, gpu_check
+from utils.core import env, sections
+from utils.course import gpu_check
 
 
 def test_every_gpu_section_is_covered():
     covered = [s for ids in gpu_check.gpu_sections().values() for s in ids]
-    assert sorted(covered) == sorted(s for s, (cap, _) in env.OPTIONAL_SECTIONS.items()
+    assert sorted(covered) == sorted(s for s, (cap, _) in sections.OPTIONAL_SECTIONS.items()
                                      if cap in gpu_check.GPU_CAPABILITIES)
     assert "06.gpu-sweep" in covered and "04.tensorrt" in covered
 

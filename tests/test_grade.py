@@ -1,4 +1,4 @@
-"""utils.grade: a folder of submissions becomes the right CSV; submissions run sandboxed, one scratch folder each.
+"""utils.course.grade: a folder of submissions becomes the right CSV; submissions run sandboxed, one scratch folder each.
 
 The graded lab here is a tiny one written by the test (solutions/99_tiny_lab.ipynb in a temporary repository root),
 so a submission runs in seconds; the same code grades the real labs (`make grade`).
@@ -11,10 +11,10 @@ import threading
 import nbformat
 import pytest
 
-from utils import grade
+from utils.course import grade
 
 LAB = "99_tiny_lab"
-SETUP = "from utils.labs import LabCheckFailed, call, expect, passed\nfrom utils import env\nSMOKE = env.smoke_default()"
+SETUP = "from utils.checks import LabCheckFailed, call, expect, passed\nfrom utils.core import env\nSMOKE = env.smoke_default()"
 DOUBLE = "def double(x):\n    # BEGIN SOLUTION: return twice x\n    return 2 * x\n    # END SOLUTION"
 NEGATE = "def negate(x):\n    # BEGIN SOLUTION: return minus x\n    return -x\n    # END SOLUTION"
 CHECK_DOUBLE = ('# CHECK\ngot = call(double, 21)\nexpect(got == 42, f"double(21) should be 42, got {got!r}")\n'

@@ -1,4 +1,4 @@
-"""utils.graph_svg: the offline ONNX graph drawing of lesson 04 (layout, bad input, and a headless-browser render)."""
+"""utils.conversion.graph_svg: the offline ONNX graph drawing of lesson 04 (layout, bad input, and a headless-browser render)."""
 
 import json
 import os
@@ -10,7 +10,7 @@ import pytest
 
 from tests.test_site import CHROMIUM, CHROMIUM_FLAGS
 from utils.checks.lab04 import graph_pass_model
-from utils.graph_svg import graph_svg
+from utils.conversion.graph_svg import graph_svg
 
 
 def _parse(svg: str):

@@ -6,7 +6,7 @@ import torch
 
 from utils import inference
 from utils.checks import lab01
-from utils.labs import LabCheckFailed
+from utils.course.labs import LabCheckFailed
 
 
 @pytest.fixture
@@ -200,7 +200,7 @@ def test_lab_checks_catch_typical_mistakes():
 
 
 def test_lab_benchmark_and_pick_checks():
-    from utils import bench
+    from utils.core import bench
 
     def good(model, batch_sizes, image_size=64, min_run_time=0.02):
         model.eval()

@@ -8,7 +8,8 @@ import nbformat
 import pytest
 
 from tests.test_lesson_results import REQUIRED_METRICS
-from utils import env, interview
+from utils import interview
+from utils.core import env
 
 BANK = interview.load_bank()
 CODE_PROOFS = [q for q in BANK if q.code]

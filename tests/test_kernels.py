@@ -5,9 +5,10 @@ import re
 
 import pytest
 
-from utils import env, kernels
+from utils import kernels
 from utils.checks import lab06
-from utils.labs import LabCheckFailed
+from utils.core import env
+from utils.course.labs import LabCheckFailed
 
 torch = pytest.importorskip("torch")
 

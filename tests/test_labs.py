@@ -1,12 +1,13 @@
 """Labs are generated from solutions; every check passes on the solution and fails on the untouched lab."""
 
-
 import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from utils import env, labs
-from utils.run import run_notebook
+from utils import checks
+from utils.core import env
+from utils.course import labs
+from utils.course.run import run_notebook
 
 ROOT = env.repo_root()
 SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
@@ -95,8 +96,8 @@ def test_check_helpers_explain_failures():
     def stub():
         raise NotImplementedError("TODO: write it")
 
-    with pytest.raises(labs.LabCheckFailed, match="stub\\(\\) is not written yet"):
-        labs.call(stub)
-    with pytest.raises(labs.LabCheckFailed, match="expected 3, got 4"):
-        labs.expect(False, "expected 3, got 4")
-    assert labs.call(lambda a: a + 1, 1) == 2
+    with pytest.raises(checks.LabCheckFailed, match="stub\\(\\) is not written yet"):
+        checks.call(stub)
+    with pytest.raises(checks.LabCheckFailed, match="expected 3, got 4"):
+        checks.expect(False, "expected 3, got 4")
+    assert checks.call(lambda a: a + 1, 1) == 2

@@ -1,4 +1,4 @@
-"""`make lab` (utils.labserver): JupyterLab starts wherever the course runs, as root too, serves a lesson that renders
+"""`make lab` (utils.course.labserver): JupyterLab starts wherever the course runs, as root too, serves a lesson that renders
 in the headless browser the site test uses, and stops when asked."""
 
 import os
@@ -14,7 +14,8 @@ import nbformat
 import pytest
 
 from tests.test_site import CHROMIUM, CHROMIUM_FLAGS
-from utils import env, labserver
+from utils.core import env
+from utils.course import labserver
 
 
 def test_allow_root_is_added_only_as_root(monkeypatch):
@@ -39,7 +40,7 @@ def test_make_lab_serves_lesson_00_and_it_renders(tmp_path):
     child = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"), "IPYTHONDIR": str(tmp_path / "ipython")}
     with open(log, "w") as out:
         # `make lab` in the course environment; in your own (WORKBOOK_OWN_ENV=1) the command it runs, there
-        own = [sys.executable, "-m", "utils.labserver", "--no-browser", "--port", str(port)]
+        own = [sys.executable, "-m", "utils.course.labserver", "--no-browser", "--port", str(port)]
         make = ["make", "--no-print-directory", "lab", f"LAB_ARGS=--no-browser --port {port}"]
         proc = subprocess.Popen(own if os.environ.get("WORKBOOK_OWN_ENV") == "1" else make,
                                 cwd=env.repo_root(), env=child, stdout=out, stderr=subprocess.STDOUT,

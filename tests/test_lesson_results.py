@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from tests.gpu_only_sections import GPU_ONLY_SECTIONS
-from utils import env
-from utils.run import lesson_notebooks, run_notebook
+from utils.core import env, sections
+from utils.course.run import lesson_notebooks, run_notebook
 
 REQUIRED_METRICS = {
     "00_environment": [
@@ -22,7 +22,7 @@ REQUIRED_METRICS = {
         "first_call_over_steady", "resnet18_bs32_vs_bs1_throughput", "no_grad_memory_saved_mb",
         "inference_mode_vs_no_grad_speedup", "eval_vs_train_max_abs_diff", "keras_call_vs_predict_speedup",
         "savedmodel_reload_max_abs_diff", "resnet50_int8_dynamic_size_ratio", "weights_only_blocks_pickle",
-        # read by the course report's claims table (utils.claims)
+        # read by the course report's claims table (utils.core.claims)
         "minilm_int8_dynamic_size_ratio", "state_dict_over_whole_model_size",
     ],
     "02_graphs": [
@@ -101,7 +101,7 @@ def test_only_gpu_sections_skipped(nb):
 
 def test_section_metrics_name_required_metrics_of_optional_sections():
     for section, metrics in SECTION_METRICS.items():
-        assert section in env.OPTIONAL_SECTIONS, section
+        assert section in sections.OPTIONAL_SECTIONS, section
         lesson = next(stem for stem in REQUIRED_METRICS if stem.startswith(section[:2]))
         assert set(metrics) <= set(REQUIRED_METRICS[lesson]), (section, set(metrics) - set(REQUIRED_METRICS[lesson]))
 

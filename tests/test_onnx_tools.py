@@ -1,4 +1,4 @@
-"""Unit tests for utils.onnx_tools (lesson 04): export, sessions, parity, inspection, bad input."""
+"""Unit tests for utils.conversion.onnx_tools (lesson 04): export, sessions, parity, inspection, bad input."""
 
 import numpy as np
 import pytest
@@ -7,7 +7,7 @@ torch = pytest.importorskip("torch")
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
-from utils import onnx_tools as ot  # noqa: E402
+from utils.conversion import onnx_tools as ot  # noqa: E402
 
 
 class Tiny(torch.nn.Module):
@@ -31,7 +31,7 @@ def tiny_onnx(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def minilm_onnx(tmp_path_factory):
-    from utils.models import minilm
+    from utils.core.models import minilm
 
     tok, model = minilm("eager")
     path = ot.export_minilm(tmp_path_factory.mktemp("minilm") / "minilm.onnx")
@@ -144,7 +144,7 @@ def test_to_fp16_keeps_io_types_and_is_close(tiny_onnx, tmp_path):
 
 
 def test_trt_helpers_without_tensorrt(tmp_path):
-    from utils import trt as trt_tools
+    from utils.conversion import trt as trt_tools
 
     cmd = trt_tools.trtexec_command(tmp_path / "m.onnx", tmp_path / "m.plan", input_name="images",
                                     sample_shape=(3, 224, 224), min_batch=1, opt_batch=8, max_batch=32)

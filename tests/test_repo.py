@@ -9,8 +9,9 @@ import nbformat
 import pytest
 import yaml
 
-from utils import env, nbtools
-from utils.run import declared_parameters, lesson_notebooks
+from utils.core import env
+from utils.course import nbtools
+from utils.course.run import declared_parameters, lesson_notebooks
 
 ROOT = env.repo_root()
 ALL_NOTEBOOKS = nbtools.course_notebooks()
@@ -26,7 +27,7 @@ def test_layout():
 def test_notebook_is_stripped(path):
     nb = nbformat.read(str(path), as_version=4)
     bad = nbtools.unstripped_cells(nb)
-    assert not bad, f"{path.relative_to(ROOT)}: cells {bad} carry outputs; run `python -m utils.nbtools strip {path.relative_to(ROOT)}`"
+    assert not bad, f"{path.relative_to(ROOT)}: cells {bad} carry outputs; run `python -m utils.course.nbtools strip {path.relative_to(ROOT)}`"
 
 
 @pytest.mark.parametrize("path", ALL_NOTEBOOKS, ids=[p.name for p in ALL_NOTEBOOKS])

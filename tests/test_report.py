@@ -1,11 +1,12 @@
-"""utils.report: the results-file contract and the rendered report."""
+"""utils.core.report: the results-file contract and the rendered report."""
 
 import json
 
 import numpy as np
 import pytest
 
-from utils import report
+from utils.core import report
+from utils.course import render
 
 
 @pytest.fixture
@@ -50,7 +51,7 @@ def test_render_has_tables_runtime_and_skips(build):
     report.record("gbps", 12.5, unit="GB/s", anchor="57 GB/s probe")
     report.record_skip("00.gpu-probe", "needs cuda: none")
     report.set_runtime("98_render", 12.34, "smoke")
-    text = report.render().read_text()
+    text = render.render().read_text()
     assert "## 98_render" in text
     assert "| `gbps` | 12.5 | GB/s | 57 GB/s probe |" in text
     assert "skipped `00.gpu-probe`" in text

@@ -1,4 +1,4 @@
-"""utils.run: parameters, failures that name the notebook and cell, unknown parameters rejected."""
+"""utils.course.run: parameters, failures that name the notebook and cell, unknown parameters rejected."""
 
 import json
 import time
@@ -6,7 +6,7 @@ import time
 import nbformat
 import pytest
 
-from utils import run
+from utils.course import run
 
 
 def _notebook(path, *cells, params="SMOKE = False\nN = 2"):

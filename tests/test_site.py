@@ -1,4 +1,4 @@
-"""utils.site: the executed course as static HTML, opened in a headless browser (no broken images, every lesson).
+"""utils.course.site: the executed course as static HTML, opened in a headless browser (no broken images, every lesson).
 
 The site is built from a temporary build folder: the first lesson gets an "executed" copy with a plot output and a
 Markdown image, the others are rendered from their sources (the "not run yet" path). Chromium (Debian package
@@ -17,8 +17,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from utils import env, report, site
-from utils.run import lesson_notebooks
+from utils.core import env
+from utils.course import render, site
+from utils.course.run import lesson_notebooks
 
 CHROMIUM = next((p for p in ("/usr/bin/chromium", shutil.which("chromium") or "", shutil.which("chromium-browser") or "")
                  if p and os.path.exists(p)), "")
@@ -159,7 +160,7 @@ def test_pages_render_in_a_headless_browser_without_broken_images(built, tmp_pat
 @pytest.mark.skipif(not CHROMIUM, reason="chromium is not installed: apt-get install -y --no-install-recommends chromium")
 def test_the_browser_check_does_catch_a_broken_image(tmp_path):
     page = tmp_path / "bad.html"
-    page.write_text(report.markdown_to_html("![missing](nowhere.png)", tmp_path, "bad"))
+    page.write_text(render.markdown_to_html("![missing](nowhere.png)", tmp_path, "bad"))
     seen = _render_in_chromium(page, tmp_path / "profile")
     assert seen["images"] == 1 and len(seen["broken"]) == 1
 

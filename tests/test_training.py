@@ -9,7 +9,8 @@ import sys
 import pytest
 import torch
 
-from utils import bench, image_data, training
+from utils import image_data, training
+from utils.core import bench
 
 SMALL = dict(batch_size=2, model="resnet18", lr=0.001)
 

@@ -1,4 +1,4 @@
-"""utils.triton_repo (lesson 05): configs from the schema, repository layout, clear errors; and utils.data."""
+"""utils.triton_repo (lesson 05): configs from the schema, repository layout, clear errors; and utils.core.data."""
 
 import numpy as np
 import pytest
@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("tritonclient", reason="tritonclient is optional: lesson 05's model-config section needs it")
 
 from utils import triton_repo as tr
-from utils.data import labeled_sentences
+from utils.core.data import labeled_sentences
 
 
 def test_model_config_round_trips_through_pbtxt():

@@ -12,7 +12,8 @@ import urllib.request
 import numpy as np
 import pytest
 
-from utils import env, load, models, triton, triton_repo
+from utils import load, triton, triton_repo
+from utils.core import env, models
 
 pytestmark = pytest.mark.skipif(not env.has("tritonserver"), reason="needs the tritonserver binary (nvidia-pytriton)")
 

@@ -1,7 +1,7 @@
 """Helpers for the ML Framework Internals Workbook.
 
 One module per concern; nothing heavy happens at import time (torch, TensorFlow and friends are imported inside the
-functions that need them), so ``import utils.env`` is instant even on a machine where a framework is broken.
+functions that need them), so ``import utils.core.env`` is instant even on a machine where a framework is broken.
 
     env        hardware/software inventory, capability flags, the one guard for optional cells (lesson 00)
     bench      timing on torch.utils.benchmark (lesson 00, used everywhere)

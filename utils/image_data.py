@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from utils import env
+from utils.core import env
 
 __all__ = [
     "CIFAR_MEAN",

@@ -4,7 +4,7 @@
 - validate_images, model_device, check_same_device: boundary checks whose errors say what was expected, what came
   and how to fix it
 - autograd_saved_bytes: the memory an autograd graph keeps alive (the tensors saved for backward), counted exactly
-- throughput_sweep: latency and throughput per batch size, on utils.bench
+- throughput_sweep: latency and throughput per batch size, on utils.core.bench
 - cold_start: first call vs steady state in a fresh Python process (nothing cached, nothing warmed)
 - path_size_bytes, size_table, savedmodel_variable_bytes: what saved models weigh on disk
 - tiny_cnn: a small seeded conv net with BatchNorm and Dropout for demos and the lab
@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from utils import env as _env
+from utils.core import env as _env
 
 __all__ = [
     "DeviceMismatchError",
@@ -201,12 +201,12 @@ def throughput_sweep(model, batch_sizes: Sequence[int], make_input: Callable[[in
                      min_run_time: float = 0.5, warmup: int = 1, progress: bool = True) -> list:
     """Time model(make_input(bs)) under torch.inference_mode() for each batch size (lesson 01).
 
-    Returns one utils.bench.BenchResult per batch size (items = bs, so .throughput is images per second).
+    Returns one utils.core.bench.BenchResult per batch size (items = bs, so .throughput is images per second).
     """
     import torch
     from tqdm.auto import tqdm
 
-    from utils import bench
+    from utils.core import bench
 
     sizes = list(batch_sizes)
     if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
@@ -245,8 +245,8 @@ def _cold_start_child(model: str, batch: int, image_size: int, device: str, min_
     t0 = time.perf_counter()
     import torch
 
-    from utils import bench
-    from utils.models import vision_model
+    from utils.core import bench
+    from utils.core.models import vision_model
 
     out = {"import_s": time.perf_counter() - t0}
     t0 = time.perf_counter()
@@ -277,7 +277,7 @@ def path_size_bytes(path) -> int:
     if not p.is_file():
         raise FileNotFoundError(f"{p} does not exist: save the model there first")
     if p.suffix == ".onnx":
-        from utils.onnx_tools import onnx_size_bytes
+        from utils.conversion.onnx_tools import onnx_size_bytes
 
         return onnx_size_bytes(p)
     return p.stat().st_size

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from utils import env
+from utils.core import env
 
 # Kineto (the profiler's C++ side) reads its log level once, at the first profiler start in a process. Without a GPU
 # its lines (profiler_start/stop, a failed GPU probe) are noise in a notebook; set KINETO_LOG_LEVEL yourself to keep

@@ -27,7 +27,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from utils import env
+from utils.core import env
 from utils.profiling import phase
 
 __all__ = [
@@ -164,7 +164,7 @@ def try_fix(current: Trainer, fix: Fix, dataset, *, min_run_time: float = 1.0, r
     The other candidates are closed; the caller decides whether to keep the returned trainer (and closes it if not).
     `trainer_kwargs` go to Trainer (batch_size, device, lr, ...).
     """
-    from utils import bench
+    from utils.core import bench
 
     candidates, first = {}, {}
     for i, opt in enumerate(fix.options):
@@ -213,7 +213,7 @@ def _initial_model(name: str, seed: int, num_classes: int):
     import torch
     from torchvision.models.resnet import BasicBlock, Bottleneck
 
-    from utils import models
+    from utils.core import models
 
     net = models.vision_model(name, seed=seed, num_classes=num_classes).train()
     with torch.no_grad():
@@ -432,14 +432,14 @@ def keep_freed_memory() -> str:
 
 def compare_loops(trainers: dict, *, min_run_time: float = 1.0, rounds: int = 2, baseline: str | None = None,
                   verbose: bool = True) -> dict:
-    """Time `trainer.step` of each trainer side by side (utils.bench.measure), round-robin `rounds` times (lesson 03).
+    """Time `trainer.step` of each trainer side by side (utils.core.bench.measure), round-robin `rounds` times (lesson 03).
 
     Before each round a trainer with workers first runs 2 * num_workers steps, so batches its workers prefetched while
     another loop was being timed are used up and cannot flatter it (bench.measure's block-size estimate adds one
     more untimed step). Returns {name: BenchResult}, keeping each
     trainer's best round, and prints each one's speedup over `baseline` (default: the first).
     """
-    from utils import bench
+    from utils.core import bench
 
     if not trainers:
         raise ValueError("compare_loops() needs at least one trainer")

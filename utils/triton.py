@@ -26,7 +26,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from utils import env
+from utils.core import env
 
 __all__ = [
     "TritonServerError",

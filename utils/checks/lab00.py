@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from utils import bench
-from utils.labs import LabCheckFailed, call, expect, passed
+from utils.checks import LabCheckFailed, call, expect, passed
+from utils.core import bench
 
 
 def check_bandwidth_probe(my_copy_gbps, nbytes: int = 32 * 2**20) -> float:
@@ -17,7 +17,7 @@ def check_bandwidth_probe(my_copy_gbps, nbytes: int = 32 * 2**20) -> float:
     fake = bench.BenchResult("fixed 2 ms", median_ms=2.0, iqr_ms=0.0, runs=1)
     with mock.patch.object(bench, "measure", return_value=fake) as fake_measure:
         got = call(my_copy_gbps, nbytes, what="my_copy_gbps(nbytes)")
-    expect(fake_measure.called, "my_copy_gbps should time x.clone() with bench.measure (utils.bench), which it did not call")
+    expect(fake_measure.called, "my_copy_gbps should time x.clone() with bench.measure (utils.core.bench), which it did not call")
     expect(isinstance(got, int | float), f"my_copy_gbps should return a number of GB/s, got {type(got).__name__}")
     want = 2 * (nbytes // 4) * 4 / 2e-3 / 1e9
     expect(

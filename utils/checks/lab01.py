@@ -1,6 +1,6 @@
 """Checks for labs/01_inference_modes_lab.ipynb (lesson 01: a correct, fast predict and a batch-size benchmark).
 
-Each check builds its own small models and inputs, calls the learner's function through utils.labs.call (so a TODO
+Each check builds its own small models and inputs, calls the learner's function through utils.checks.call (so a TODO
 stub fails with a clear message), and compares with utils.inference, the lesson's reference helpers.
 """
 
@@ -11,7 +11,7 @@ import math
 import time
 
 from utils import inference
-from utils.labs import LabCheckFailed, call, expect, passed
+from utils.checks import LabCheckFailed, call, expect, passed
 
 
 def _recording(inner):

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from utils import profiling
-from utils.labs import LabCheckFailed, call, expect, passed
+from utils.checks import LabCheckFailed, call, expect, passed
 
 
 def check_profile(profile_fn, trace_path) -> None:

@@ -1,6 +1,6 @@
 """Checks for labs/04_onnx_tensorrt_lab.ipynb (lesson 04: export, parity, optimization, int8, a latency budget).
 
-Every check calls the learner's functions itself (through utils.labs.call), so each one fails with a clear
+Every check calls the learner's functions itself (through utils.checks.call), so each one fails with a clear
 LabCheckFailed on an untouched lab and none depends on a variable an earlier, failing check would have produced.
 """
 
@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from utils import bench, onnx_tools
-from utils.labs import LabCheckFailed, call, expect, passed
+from utils.checks import LabCheckFailed, call, expect, passed
+from utils.conversion import onnx_tools
+from utils.core import bench
 
 ATOL, RTOL = 1e-4, 1e-3
 

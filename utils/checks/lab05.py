@@ -6,10 +6,10 @@ import shutil
 import time
 from pathlib import Path
 
-from utils import env
-from utils.labs import LabCheckFailed, call, expect, passed
+from utils.checks import LabCheckFailed, call, expect, passed
+from utils.core import env
 
-SEQ_LEN = 16  # the lesson's padding length: the longest sentence of utils/data/sentences.csv, rounded up to 8
+SEQ_LEN = 16  # the lesson's padding length: the longest sentence of utils/core/data/sentences.csv, rounded up to 8
 TENSORS_IN = ("input_ids", "attention_mask", "token_type_ids")
 TARGET_GAIN = 1.2  # tuned throughput over the baseline's, at CONCURRENCY, with p95 no higher than the baseline's
 CONCURRENCY = 8
@@ -23,7 +23,7 @@ def work_dir() -> Path:
 
 def minilm_onnx() -> Path:
     """The MiniLM ONNX file: the lesson's export when it exists, otherwise exported now (about 10 s)."""
-    from utils import onnx_tools
+    from utils.conversion import onnx_tools
 
     for candidate in (env.build_dir() / "triton" / "05" / "minilm.onnx", work_dir() / "minilm.onnx"):
         if candidate.is_file():
@@ -112,8 +112,9 @@ def _encoder_requests(n: int = 48):
     import numpy as np
     from tokenizers import Tokenizer
 
-    from utils import models, onnx_tools
-    from utils.data import labeled_sentences
+    from utils.conversion import onnx_tools
+    from utils.core import models
+    from utils.core.data import labeled_sentences
 
     tok = Tokenizer.from_file(str(models.minilm_path() / "tokenizer.json"))
     tok.enable_truncation(max_length=SEQ_LEN)

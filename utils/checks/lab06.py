@@ -13,7 +13,7 @@ import math
 import torch
 
 from utils import kernels
-from utils.labs import LabCheckFailed, call, expect, passed
+from utils.checks import LabCheckFailed, call, expect, passed
 
 PLACEHOLDER = "/*@INNER_LOOP@*/"
 

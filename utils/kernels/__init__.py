@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from utils import env
+from utils.core import env
 
 __all__ = [
     "KERNEL_DIR",
@@ -53,7 +53,7 @@ _loaded: dict[str, Extension] = {}
 def cpu_capability(flags: frozenset[str] | set[str] | None = None) -> str:
     """The widest at::vec capability this CPU supports: "AVX512", "AVX2" or "DEFAULT" (lesson 06).
 
-    `flags` are /proc/cpuinfo flags (default: this machine's, from utils.env.cpu_flags()). ATen's AVX-512 kernels
+    `flags` are /proc/cpuinfo flags (default: this machine's, from utils.core.env.cpu_flags()). ATen's AVX-512 kernels
     need F, BW, VL and DQ; its AVX2 kernels need AVX2 and FMA.
     """
     flags = env.cpu_flags() if flags is None else frozenset(flags)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from utils import bench
+from utils.core import bench
 
 __all__ = ["softmax_sweep", "cuda_event_ms", "fraction_of_copy"]
 
@@ -21,7 +21,7 @@ def cuda_event_ms(fn: Callable[[], object], *, warmup: int = 3, iters: int = 20,
     import torch
 
     if not torch.cuda.is_available():
-        raise RuntimeError("cuda_event_ms needs a CUDA GPU; on the CPU use utils.bench.measure")
+        raise RuntimeError("cuda_event_ms needs a CUDA GPU; on the CPU use utils.core.bench.measure")
     for _ in range(warmup):
         fn()
     times = []
@@ -51,7 +51,7 @@ def softmax_sweep(
     """Effective GB/s of each implementation `impls[name](x)` for x of shape (total // n, n), n in `ns` (lesson 06).
 
     Returns one dict per n: ``{"n", "rows", "mbytes", "copy": GB/s, name: GB/s, ...}``; "copy" is x.clone() on the
-    same tensor. On CUDA the timings use CUDA events, on the CPU utils.bench.measure; each implementation keeps the
+    same tensor. On CUDA the timings use CUDA events, on the CPU utils.core.bench.measure; each implementation keeps the
     best of `rounds` interleaved measurements.
     """
     import torch

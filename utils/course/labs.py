@@ -1,4 +1,4 @@
-"""Labs: generated from solutions/, checked by small helpers (every lab; README "Labs").
+"""Labs are generated from solutions/ (every lab; README "Labs"); the check helpers live in utils.checks.
 
 Authoring rule: in a solutions/ notebook the answer sits between two marker lines::
 
@@ -8,35 +8,30 @@ Authoring rule: in a solutions/ notebook the answer sits between two marker line
         ...
         # END SOLUTION
 
-``python -m utils.labs generate`` writes labs/ with each marked block replaced by
+``python -m utils.course.labs generate`` writes labs/ with each marked block replaced by
 ``raise NotImplementedError("TODO: <hint>")`` at the same indentation. A cell whose first line is ``# CHECK`` calls
-a check helper; on the solution every check passes, on the untouched lab every check raises ``LabCheckFailed`` with a
-message that says what to do. ``python -m utils.labs check`` fails when labs/ is out of date.
+a check (utils.checks); on the solution every check passes, on the untouched lab every check raises ``LabCheckFailed``
+with a message that says what to do. ``python -m utils.course.labs check`` fails when labs/ is out of date.
 """
 
 from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import nbformat
 
-from utils import env
-from utils.nbtools import strip
+from utils.core import env
+from utils.course.nbtools import strip
 
 __all__ = [
-    "LabCheckFailed",
     "BEGIN",
     "END",
     "CHECK",
     "make_lab",
     "generate",
     "out_of_sync",
-    "call",
-    "expect",
-    "passed",
 ]
 
 BEGIN = "# BEGIN SOLUTION"
@@ -47,10 +42,6 @@ _BANNER = (
     "> **Lab notebook, generated from `solutions/{name}` by `make labs`: edit the solution, not this file.**\n"
     "> Fill in every `TODO` (each raises `NotImplementedError` until you do), then run the `# CHECK` cells."
 )
-
-
-class LabCheckFailed(AssertionError):
-    """A lab check did not pass; the message says what was expected and what came."""
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -135,30 +126,6 @@ def out_of_sync(root: Path | None = None) -> list[str]:
     return problems
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# check helpers
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-def call(fn: Callable, *args, what: str | None = None, **kwargs):
-    """Call the learner's function; a TODO stub becomes a LabCheckFailed that says which TODO to fill in."""
-    name = what or f"{getattr(fn, '__name__', 'your function')}()"
-    try:
-        return fn(*args, **kwargs)
-    except NotImplementedError as exc:
-        raise LabCheckFailed(f"{name} is not written yet ({exc}). Fill in its TODO and run this cell again.") from None
-
-
-def expect(condition: bool, message: str) -> None:
-    """Fail the check with `message` (what was expected and what came) unless `condition` holds."""
-    if not condition:
-        raise LabCheckFailed(message)
-
-
-def passed(check: str, detail: str = "") -> None:
-    print(f"PASSED {check}" + (f": {detail}" if detail else ""))
-
-
 if __name__ == "__main__":
     cmd = sys.argv[1] if len(sys.argv) > 1 else ""
     if cmd == "generate":
@@ -169,5 +136,5 @@ if __name__ == "__main__":
         print("\n".join(problems) or "labs are in sync with solutions")
         sys.exit(1 if problems else 0)
     else:
-        print("usage: python -m utils.labs generate|check", file=sys.stderr)
+        print("usage: python -m utils.course.labs generate|check", file=sys.stderr)
         sys.exit(2)

@@ -1,6 +1,6 @@
 """The executed course as a static website, readable offline without running anything (course report, lesson 07).
 
-    python -m utils.site [--executed build/executed] [--out build/site]     (make site; make course does it too)
+    python -m utils.course.site [--executed build/executed] [--out build/site]     (make site; make course does it too)
 
 Every lesson notebook (notebooks/NN_*.ipynb) becomes build/site/<stem>.html through nbconvert's HTML exporter with
 the JupyterLab look. The executed copy from build/executed/ is used where it exists; a lesson that has not been run
@@ -20,7 +20,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from utils import env
+from utils.core import env
+from utils.course import render
 
 __all__ = ["Page", "lesson_pages", "build", "external_references", "main"]
 
@@ -163,7 +164,7 @@ def _render_lesson(exporter, page: Page, pages: list[Page], out_dir: Path) -> Pa
     leaks = external_references(body)
     if leaks:
         raise RuntimeError(f"{page.notebook.name}: the page would load {leaks[:3]} from the network; "
-                           "the site must work offline (check the template blocks in utils/site.py)")
+                           "the site must work offline (check the template blocks in utils/course/site.py)")
     out = out_dir / page.filename
     out.write_text(body)
     return out
@@ -193,8 +194,6 @@ def _index(pages: list[Page], has_report: bool) -> str:
 def build(executed_dir: Path | None = None, out_dir: Path | None = None, report_md: Path | None = None,
           notebooks_dir: Path | None = None) -> Path:
     """Render the site; returns build/site/index.html. The report page is made from build/report.md if it exists."""
-    from utils import report
-
     out_dir = Path(out_dir) if out_dir is not None else env.build_dir() / "site"
     out_dir.mkdir(parents=True, exist_ok=True)
     pages = lesson_pages(executed_dir, notebooks_dir)
@@ -208,12 +207,12 @@ def build(executed_dir: Path | None = None, out_dir: Path | None = None, report_
     report_md = Path(report_md) if report_md is not None else env.build_dir() / "report.md"
     has_report = report_md.is_file()
     if has_report:
-        page = report.markdown_to_html(report_md.read_text(), report_md.parent, "Course report", _nav(pages, "report"))
+        page = render.markdown_to_html(report_md.read_text(), report_md.parent, "Course report", _nav(pages, "report"))
         (out_dir / "report.html").write_text(page)
     else:
         (out_dir / "report.html").unlink(missing_ok=True)
     index = out_dir / "index.html"
-    index.write_text(report.markdown_to_html("", out_dir, "ML Framework Internals Workbook", _nav(pages, "index"))
+    index.write_text(render.markdown_to_html("", out_dir, "ML Framework Internals Workbook", _nav(pages, "index"))
                      .replace("</body>", _index(pages, has_report) + "</body>"))
     return index
 
@@ -221,7 +220,7 @@ def build(executed_dir: Path | None = None, out_dir: Path | None = None, report_
 def main(argv=None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m utils.site", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m utils.course.site", description=__doc__.split("\n\n")[0])
     parser.add_argument("--executed", type=Path, default=None, help="executed notebooks (default build/executed)")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default build/site)")
     args = parser.parse_args(argv)

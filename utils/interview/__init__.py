@@ -1,6 +1,6 @@
 """The interview question bank and its quiz (lesson 07).
 
-The bank is one data file, ``utils/data/interview_bank.yaml``: a list of entries ::
+The bank is one data file, ``utils/core/data/interview_bank.yaml``: a list of entries ::
 
     - id: trace-vs-script            # unique slug
       lesson: 02_graphs              # the lesson that teaches it
@@ -40,7 +40,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from utils import env
+from utils.core import env
 
 __all__ = [
     "BANK_PATH",
@@ -60,7 +60,7 @@ __all__ = [
     "session_results",
 ]
 
-BANK_PATH = Path(__file__).resolve().parent / "data" / "interview_bank.yaml"
+BANK_PATH = Path(__file__).resolve().parent / "bank.yaml"
 
 LESSON_TITLES = {
     "00_environment": "Your machine, measured",
@@ -196,7 +196,7 @@ def validate(raw_entries) -> list[Question]:
 
 
 def load_bank(path: str | Path | None = None) -> list[Question]:
-    """Read and validate the bank (default: utils/data/interview_bank.yaml). Lesson 07."""
+    """Read and validate the bank (default: utils/core/data/interview_bank.yaml). Lesson 07."""
     import yaml
 
     path = Path(path) if path is not None else BANK_PATH

@@ -1,13 +1,13 @@
 """TensorRT from ONNX: build an engine, inspect its fused layers, run it; the equivalent trtexec command (lesson 04).
 
 TensorRT comes only from NVIDIA's package index and needs an NVIDIA GPU, so lesson 04 calls these functions inside
-``if env.requires("tensorrt", section="04.tensorrt"):``. Every function that needs TensorRT imports it inside and
+``if sections.requires("tensorrt", section="04.tensorrt"):``. Every function that needs TensorRT imports it inside and
 raises a clear error when it is missing; trtexec_command() and fusion_summary() are plain Python and run anywhere.
 
 Written against the documented TensorRT Python API (10.x, and 11.x where strong typing is the only mode):
 ``Builder`` -> ``create_network`` -> ``OnnxParser.parse`` -> ``create_optimization_profile`` (min/opt/max shapes of the
 dynamic batch) -> ``BuilderConfig`` (fp16 flag on 10.x; on 11.x the ONNX file itself must carry fp16, see
-utils.onnx_tools.to_fp16) -> ``build_serialized_network`` -> ``Runtime.deserialize_cuda_engine`` ->
+utils.conversion.onnx_tools.to_fp16) -> ``build_serialized_network`` -> ``Runtime.deserialize_cuda_engine`` ->
 ``create_engine_inspector``. Not verified on the CPU-only machine this course was written on.
 """
 
@@ -89,7 +89,7 @@ def build_engine(onnx_path, engine_path, *, input_name: str, sample_shape, min_b
 
     The profile covers batch sizes min_batch..max_batch and is tuned for opt_batch. fp16 enables half-precision kernels
     (BuilderFlag.FP16 on TensorRT 10.x; on 11.x the flag no longer exists: give it an fp16 ONNX file from
-    utils.onnx_tools.to_fp16). Builds with detailed profiling verbosity so the engine inspector can show fused layers.
+    utils.conversion.onnx_tools.to_fp16). Builds with detailed profiling verbosity so the engine inspector can show fused layers.
     """
     trt = require_tensorrt()
     onnx_path, engine_path = Path(onnx_path), Path(engine_path)

@@ -8,8 +8,8 @@ Everything here imports torch / onnx / onnxruntime inside the functions, so impo
 - ort_session: an ONNX Runtime InferenceSession with the optimization level, threads and providers stated
 - parity: eager PyTorch vs ONNX Runtime on the same inputs, max abs error, a clear error out of tolerance
 - check_model, op_histogram, node_count, optimized_graph, onnx_size_bytes: graph inspection
-- calibration_reader, to_fp16: static int8 calibration data; fp16 ONNX for TensorRT 11 (utils.trt)
-- warmup: the instructor kit's hook (utils.warmup)
+- calibration_reader, to_fp16: static int8 calibration data; fp16 ONNX for TensorRT 11 (utils.conversion.trt)
+- warmup: the instructor kit's hook (utils.course.warmup)
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def _last_hidden(model):
 
 
 def export_minilm(path, *, opset: int = 17, dynamo: bool = False, model=None) -> Path:
-    """Export MiniLM (utils.models.minilm, eager attention) to ONNX and return the .onnx path (lessons 04, 05).
+    """Export MiniLM (utils.core.models.minilm, eager attention) to ONNX and return the .onnx path (lessons 04, 05).
 
     Inputs input_ids, attention_mask, token_type_ids (int64, shape [batch, sequence], both axes dynamic); output
     last_hidden_state [batch, sequence, 384]. dynamo=False uses the legacy TorchScript-based exporter, whose graph ONNX
@@ -107,7 +107,7 @@ def export_minilm(path, *, opset: int = 17, dynamo: bool = False, model=None) ->
     if not isinstance(opset, int) or not 9 <= opset <= 23:
         raise ValueError(f"opset must be an int between 9 and 23, got {opset!r}")
     if model is None:
-        from utils.models import minilm
+        from utils.core.models import minilm
 
         _, model = minilm(attn_implementation="eager")
     wrapped = _last_hidden(model)
@@ -211,7 +211,7 @@ def ort_session(path, *, threads: int | None = None, level: str = "all", provide
     else:
         p = _as_path(path)
         if not p.is_file():
-            raise FileNotFoundError(f"ONNX model {p} does not exist; export it first (utils.onnx_tools.export_minilm)")
+            raise FileNotFoundError(f"ONNX model {p} does not exist; export it first (utils.conversion.onnx_tools.export_minilm)")
         model = str(p)
     if level not in _LEVELS or not hasattr(ort.GraphOptimizationLevel, _LEVELS[level]):
         valid = [k for k, v in _LEVELS.items() if hasattr(ort.GraphOptimizationLevel, v)]
@@ -444,7 +444,7 @@ def to_fp16(path, out_path, *, keep_io_types: bool = True) -> Path:
 
 
 def warmup() -> str:
-    """Instructor-kit hook (`make warmup`, utils.warmup): pay the first-use costs of lesson 04 once (lesson 04).
+    """Instructor-kit hook (`make warmup`, utils.course.warmup): pay the first-use costs of lesson 04 once (lesson 04).
 
     Imports ONNX Runtime's transformer optimizer and quantizer and runs both exporters on a tiny model, so the first
     export in the lesson does not also pay for importing onnxscript and torch.export's machinery.

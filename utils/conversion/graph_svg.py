@@ -56,7 +56,7 @@ def graph_svg(model, *, title: str | None = None, max_nodes: int = 600, columns:
     import onnx
 
     if not isinstance(model, onnx.ModelProto):
-        from utils.onnx_tools import _load
+        from utils.conversion.onnx_tools import _load
 
         model = _load(model)
     nodes = list(model.graph.node)

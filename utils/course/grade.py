@@ -1,6 +1,6 @@
 """Grade a folder of submitted lab notebooks (instructor kit; docs/INSTRUCTOR.md "Grading").
 
-    python -m utils.grade SUBMISSIONS [--out grades.csv] [--timeout 300] [--full] [--lab 00_environment_lab]
+    python -m utils.course.grade SUBMISSIONS [--out grades.csv] [--timeout 300] [--full] [--lab 00_environment_lab]
     make grade SUBMISSIONS=path/to/folder
 
 A submission is a lab notebook named after its lab: ``SUBMISSIONS/<learner>/00_environment_lab.ipynb`` or
@@ -40,7 +40,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from utils import env
+from utils.core import env
 
 __all__ = [
     "COLUMNS",
@@ -309,7 +309,7 @@ _sandbox_cache: Sandbox | None = None
 
 
 def _stage(scratch: Path, command: list[str]) -> list[str]:
-    return [sys.executable, "-m", "utils.grade", "_enter", str(scratch), "--", *command]
+    return [sys.executable, "-m", "utils.course.grade", "_enter", str(scratch), "--", *command]
 
 
 def _try_prefix(prefix: tuple[str, ...], workdir: Path) -> tuple[bool, str]:
@@ -322,7 +322,7 @@ def _try_prefix(prefix: tuple[str, ...], workdir: Path) -> tuple[bool, str]:
     listener.listen(1)
     listener.settimeout(0.1)
     port = listener.getsockname()[1]
-    probe = [sys.executable, "-m", "utils.grade", "_probe", str(scratch), str(outside), str(port)]
+    probe = [sys.executable, "-m", "utils.course.grade", "_probe", str(scratch), str(outside), str(port)]
     try:
         proc = subprocess.run([*prefix, *_stage(scratch, probe)], capture_output=True, text=True, timeout=60,
                               cwd=env.repo_root(), env=env.child_environ())
@@ -517,7 +517,7 @@ def grade_one(sub: Submission, scratch_root: Path, *, timeout: int = 300, smoke:
         if cache.is_dir():
             shutil.copytree(cache, scratch / "build" / "kernels", dirs_exist_ok=True)
         nb_out = scratch / "executed.ipynb"
-        runner = [sys.executable, "-m", "utils.grade", "_run", str(nb_in), str(nb_out), "--timeout", str(timeout)]
+        runner = [sys.executable, "-m", "utils.course.grade", "_run", str(nb_in), str(nb_out), "--timeout", str(timeout)]
         command = [*box.prefix, *_stage(scratch, runner)] if box.enforced else runner
         end_state = ""
         proc = subprocess.Popen(command, cwd=scratch, env=_scratch_env(scratch, smoke), stdout=subprocess.PIPE,
@@ -590,7 +590,7 @@ def main(argv=None) -> int:
         return _probe(Path(argv[1]), Path(argv[2]), int(argv[3]))
     if argv and argv[0] == "_run":
         return _run(Path(argv[1]), Path(argv[2]), int(argv[argv.index("--timeout") + 1]))
-    parser = argparse.ArgumentParser(prog="python -m utils.grade", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m utils.course.grade", description=__doc__.split("\n\n")[0])
     parser.add_argument("submissions", type=Path, help="folder of submitted lab notebooks")
     parser.add_argument("--out", type=Path, default=None, help="CSV path (default <submissions>/grades.csv)")
     parser.add_argument("--timeout", type=int, default=300, help="seconds per submission (default 300)")

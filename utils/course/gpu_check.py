@@ -1,9 +1,9 @@
 """`make gpu-check`: run every GPU section of the course on this machine and say what ran (README "GPU machines").
 
-    python -m utils.gpu_check [--lessons 00 06 ...] [--no-tests] [--no-lessons]
+    python -m utils.course.gpu_check [--lessons 00 06 ...] [--no-tests] [--no-lessons]
 
 For a machine with an NVIDIA GPU, in the course environment or your own (a plain clone, no make, no pip install of
-the project: `python -m utils.gpu_check` from the checkout). It runs
+the project: `python -m utils.course.gpu_check` from the checkout). It runs
 
 1. the GPU tests (pytest over GPU_TESTS: the CUDA kernel build, parity, opcheck, the device probes), and
 2. every lesson that has GPU sections, in smoke mode, through the same papermill runner as `make course`,
@@ -26,7 +26,8 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from utils import env, kernels
+from utils import kernels
+from utils.core import env, sections
 
 __all__ = ["GPU_CAPABILITIES", "GPU_TESTS", "KEY_METRICS", "gpu_sections", "device_info", "run_tests", "run_lessons",
            "summarize", "main"]
@@ -52,7 +53,7 @@ KEY_METRICS = {
 def gpu_sections() -> dict[str, list[str]]:
     """{lesson prefix: [section ids]} for every optional section that needs a GPU capability (or nvcc, TensorRT)."""
     out: dict[str, list[str]] = {}
-    for section, (cap, _what) in env.OPTIONAL_SECTIONS.items():
+    for section, (cap, _what) in sections.OPTIONAL_SECTIONS.items():
         if cap in GPU_CAPABILITIES:
             out.setdefault(section[:2], []).append(section)
     return out
@@ -101,7 +102,7 @@ def run_tests(build: Path, files: list[str] = GPU_TESTS, timeout: int = 1800) ->
 
 def run_lessons(lessons: list[str], build: Path) -> dict[str, dict]:
     """Run each lesson (by prefix, e.g. "06") in smoke mode; {stem: {ok, seconds, error, results}}."""
-    from utils.run import NotebookFailed, lesson_notebooks, run_notebook
+    from utils.course.run import NotebookFailed, lesson_notebooks, run_notebook
 
     previous = os.environ.get("WORKBOOK_BUILD_DIR")
     os.environ["WORKBOOK_BUILD_DIR"] = str(build)  # the kernels inherit it: results land in <build>/results
@@ -127,31 +128,31 @@ def run_lessons(lessons: list[str], build: Path) -> dict[str, dict]:
 
 def summarize(device: dict, tests: dict | None, lessons: dict[str, dict]) -> dict:
     """The gpu_check.json document: device, sections (ran / skipped with reason / not run), tests, key numbers."""
-    sections = {}
+    by_section = {}
     for prefix, ids in gpu_sections().items():
         stem = next((s for s in lessons if s.startswith(prefix)), None)
         for section in ids:
             if stem is None:
-                sections[section] = {"status": "not run", "detail": "lesson not selected"}
+                by_section[section] = {"status": "not run", "detail": "lesson not selected"}
                 continue
             entry = lessons[stem]
             skipped = entry["results"].get("skipped", {})
             if section in skipped:
-                sections[section] = {"status": "skipped", "detail": skipped[section]}
+                by_section[section] = {"status": "skipped", "detail": skipped[section]}
             elif section in entry["results"].get("ran", []):
                 status = "ran" if entry["ok"] else "ran, lesson failed"
-                sections[section] = {"status": status, "detail": env.OPTIONAL_SECTIONS[section][1]}
+                by_section[section] = {"status": status, "detail": sections.OPTIONAL_SECTIONS[section][1]}
             elif not entry["ok"]:
-                sections[section] = {"status": "failed", "detail": entry["error"].splitlines()[0]}
+                by_section[section] = {"status": "failed", "detail": entry["error"].splitlines()[0]}
             else:  # its guard was never reached (e.g. nested in a TensorFlow section that was skipped)
-                sections[section] = {"status": "not run", "detail": "the lesson ran but never reached this section"}
+                by_section[section] = {"status": "not run", "detail": "the lesson ran but never reached this section"}
     numbers = {}
     for (stem, metric), what in KEY_METRICS.items():
         value = lessons.get(stem, {}).get("results", {}).get("metrics", {}).get(metric)
         if value is not None:
             numbers[f"{stem}.{metric}"] = {"value": value, "what": what}
     failed = [s for s, e in lessons.items() if not e["ok"]] + (tests["failed"] if tests else [])
-    return {"device": device, "sections": sections, "tests": tests,
+    return {"device": device, "sections": by_section, "tests": tests,
             "lessons": {s: {k: v for k, v in e.items() if k != "results"} for s, e in lessons.items()},
             "key_numbers": numbers, "failed": failed}
 
@@ -179,7 +180,7 @@ def _table(doc: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m utils.gpu_check", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m utils.course.gpu_check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--lessons", nargs="*", default=None, help="lesson prefixes (default: every lesson with GPU sections)")
     parser.add_argument("--no-tests", action="store_true", help="skip the GPU tests")
     parser.add_argument("--no-lessons", action="store_true", help="skip the lessons")

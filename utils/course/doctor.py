@@ -1,6 +1,6 @@
 """`make doctor`: check a learner's machine in under a minute and say what will and will not run (instructor kit).
 
-    python -m utils.doctor [--json]
+    python -m utils.course.doctor [--json]
 
 Prints, in order: the machine, the checks the course depends on (each ``ok``, ``warn`` or ``FAIL`` with what to do),
 every optional section of every lesson with whether it runs here or why it is skipped, and a one-line verdict.
@@ -19,13 +19,13 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
-from utils import env
+from utils.core import env, sections
 
 __all__ = ["Check", "checks", "lesson_plan", "main"]
 
 # Import names: packages without which no lesson runs; packages some lessons need (requirements-byo.txt has them);
 # packages only optional sections need (those sections skip, saying why). Versions are found by import name, so
-# onnxruntime-gpu and plain onnxruntime both count (utils.env.distribution_version).
+# onnxruntime-gpu and plain onnxruntime both count (utils.core.env.distribution_version).
 CORE = ("torch", "torchvision", "numpy", "papermill", "nbclient", "ipykernel", "nbformat", "matplotlib", "tqdm", "yaml")
 LESSON_PACKAGES = {
     "onnx": "04, 05", "onnxruntime": "04, 05, 07", "onnxscript": "04", "onnx_graphsurgeon": "04 (graph surgery)",
@@ -110,7 +110,7 @@ def _chromium() -> Check:
 
 def _sandbox() -> Check:
     try:
-        from utils import grade
+        from utils.course import grade
 
         box = grade.sandbox()
     except Exception as exc:  # the grading sandbox is optional for learners
@@ -159,9 +159,9 @@ def checks(quick: bool = False) -> list[Check]:
         if _version(pkg) is None:
             out.append(Check(f"package {pkg}", "warn", f"not installed: lesson(s) {lessons} need it",
                              "make env (or, in your own environment: pip install -r requirements-byo.txt)"))
-    for pkg, sections in OPTIONAL_PACKAGES.items():
+    for pkg, where in OPTIONAL_PACKAGES.items():
         if _version(pkg) is None:
-            out.append(Check(f"package {pkg}", "warn", f"not installed: {sections} will skip, saying why",
+            out.append(Check(f"package {pkg}", "warn", f"not installed: {where} will skip, saying why",
                              "optional; the course environment (make env) has it"))
     if not quick and "torch" not in missing_core:
         out.append(_torch_runs())
@@ -184,7 +184,7 @@ def lesson_plan() -> dict[str, list[tuple[str, bool, str]]]:
     """Per lesson: (section id, runs here?, what it does or why it is skipped) for every optional section."""
     caps = env.capabilities()
     plan: dict[str, list[tuple[str, bool, str]]] = {k: [] for k in LESSONS}
-    for section, (cap, what) in env.OPTIONAL_SECTIONS.items():
+    for section, (cap, what) in sections.OPTIONAL_SECTIONS.items():
         ok = caps[cap].available
         plan.setdefault(section[:2], []).append((section, ok, what if ok else f"{what}: skipped, {caps[cap].reason}"))
     return plan
@@ -193,7 +193,7 @@ def lesson_plan() -> dict[str, list[tuple[str, bool, str]]]:
 def main(argv=None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m utils.doctor", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m utils.course.doctor", description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--quick", action="store_true", help="skip the checks that start processes")
     args = parser.parse_args(argv)

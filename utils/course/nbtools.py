@@ -1,6 +1,6 @@
 """Notebook file hygiene: outputs stripped except nbval-checked cells (README: contributing).
 
-``python -m utils.nbtools strip [paths]`` strips notebooks in place (default: notebooks/, solutions/, labs/).
+``python -m utils.course.nbtools strip [paths]`` strips notebooks in place (default: notebooks/, solutions/, labs/).
 A cell whose source contains ``# NBVAL_CHECK_OUTPUT`` keeps its outputs: nbval compares them on every test run.
 """
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import nbformat
 
-from utils import env
+from utils.core import env
 
 CHECK_MARK = "# NBVAL_CHECK_OUTPUT"
 NOTEBOOK_DIRS = ("notebooks", "solutions", "labs")
@@ -76,7 +76,7 @@ def strip_file(path: Path) -> bool:
 if __name__ == "__main__":
     args = sys.argv[1:]
     if not args or args[0] != "strip":
-        print("usage: python -m utils.nbtools strip [notebook ...]", file=sys.stderr)
+        print("usage: python -m utils.course.nbtools strip [notebook ...]", file=sys.stderr)
         sys.exit(2)
     paths = [Path(a) for a in args[1:]] or course_notebooks()
     changed = [p for p in paths if strip_file(p)]

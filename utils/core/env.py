@@ -1,15 +1,11 @@
-"""What is on this machine, what the course can run here, and the one guard for optional cells (lesson 00).
+"""What is on this machine and what the course can run here (lesson 00): the bottom of the core, imports no other
+course module.
 
-Every GPU-only or optional cell in the course is written as::
+The checkout and build folders, smoke mode, the hardware and software inventory (CPU flags, GPU, packages by import
+name), and capabilities (cuda, nvcc, cxx, tensorrt, tritonserver, importable modules), each with a one-line reason
+when absent. The guard for optional cells that uses them is utils.core.sections.requires().
 
-    if env.requires("cuda", section="01.pinned-memory"):
-        ...  # the GPU path
-
-``requires`` returns True when the capability is present. Otherwise it prints one line saying what is missing and
-why, records the skip in the notebook's results (so tests can check that only GPU-only sections were skipped) and
-returns False: never a traceback.
-
-``python -m utils.env`` (``make doctor``) prints the inventory and the capability table.
+``python -m utils.core.env [--short]`` (``make env``) prints the inventory and the capability table.
 """
 
 from __future__ import annotations
@@ -33,7 +29,6 @@ __all__ = [
     "Capability",
     "capabilities",
     "has",
-    "requires",
     "choose_device",
     "inventory",
     "cpu_flags",
@@ -41,43 +36,11 @@ __all__ = [
     "nvcc_path",
     "distribution_version",
     "package_versions",
-    "OPTIONAL_SECTIONS",
 ]
-
-# Every section of the course that may be skipped: id -> (capability it needs, what it does). env.requires() takes
-# these ids; lesson 00 prints this table for the learner's machine; tests fail when a notebook skips anything else.
-OPTIONAL_SECTIONS: dict[str, tuple[str, str]] = {
-    "00.gpu-probe": ("cuda", "GPU copy bandwidth and matmul roofline probe"),
-    "00.triton-smoke": ("tritonserver", "start and stop the bundled Triton server"),
-    "01.pinned-memory": ("cuda", "pinned host memory and non_blocking copies"),
-    "01.gpu-speedup": ("cuda", "GPU vs CPU inference speed"),
-    "01.gpu-oom": ("cuda", "a controlled CUDA out-of-memory and its fix"),
-    "01.tf-memory-growth": ("cuda", "TensorFlow GPU memory growth"),
-    "01.keras": ("tensorflow", "Keras call vs predict, tf.function and a SavedModel for TF Serving"),
-    "02.tf-function": ("tensorflow", "tf.function tracing and retracing, AutoGraph, XLA fusion"),
-    "02.cuda-graphs": ("cuda", "CUDA graph capture and replay"),
-    "03.gpu-amp": ("cuda", "fp16 autocast with GradScaler"),
-    "03.cudnn-benchmark": ("cuda", "cudnn.benchmark autotuning"),
-    "03.gpu-utilization": ("cuda", "GPU utilization during training"),
-    "03.nsight": ("cuda", "Nsight Systems / Compute command lines with NVTX ranges"),
-    "04.tensorflow": ("tf2onnx", "Keras -> SavedModel -> ONNX with tf2onnx, and TFLite int8"),
-    "04.ort-custom-op": ("onnxruntime_extensions", "a custom-domain op run inside ONNX Runtime (onnxruntime-extensions)"),
-    "04.ort-cuda": ("cuda", "ONNX Runtime CUDA execution provider and IO binding"),
-    "04.tensorrt": ("tensorrt", "TensorRT engine build, fusion inspection, parity and latency"),
-    "04.trt-plugin": ("tensorrt", "the soft_clip TensorRT plugin (tensorrt.plugin API) and an engine built with it"),
-    "05.model-config": ("tritonclient", "config.pbtxt through Triton's protobuf schema and the model repository"),
-    "05.triton": ("tritonserver", "the Triton ensemble, load tests and hardening"),
-    "05.gpu-instances": ("cuda", "Triton KIND_GPU instances and a GPU encoder"),
-    "06.cpu-kernel": ("cxx", "build the C++ softmax extension"),
-    "06.cuda-kernel": ("cuda+nvcc", "build and run the CUDA softmax kernel"),
-    "06.cuda-compile-check": ("nvcc", "compile-check the .cu source with nvcc"),
-    "06.gpu-sweep": ("cuda+nvcc", "softmax bandwidth sweep on the GPU"),
-}
-
 
 def repo_root() -> Path:
     """The workbook checkout (the folder holding utils/)."""
-    return Path(__file__).resolve().parents[1]
+    return Path(__file__).resolve().parents[2]  # utils/core/env.py -> the checkout
 
 
 def build_dir() -> Path:
@@ -269,32 +232,6 @@ def has(name: str) -> bool:
     if name not in caps:
         raise KeyError(f"unknown capability {name!r}; expected one of {sorted(caps)}")
     return caps[name].available
-
-
-def requires(name: str, section: str) -> bool:
-    """The guard for optional cells (lesson 00). True when `name` is available; else a one-line reason and False.
-
-    `section` is an id from OPTIONAL_SECTIONS (e.g. "04.tensorrt") listed with the capability it needs; tests check
-    that a notebook skipped nothing else.
-    """
-    if not section or not isinstance(section, str):
-        raise ValueError(f"requires() needs a section name such as '04.tensorrt', got {section!r}")
-    if section not in OPTIONAL_SECTIONS:
-        raise ValueError(f"section {section!r} is not in utils.env.OPTIONAL_SECTIONS; add it there with its capability")
-    if OPTIONAL_SECTIONS[section][0] != name:
-        raise ValueError(f"section {section!r} is listed as needing {OPTIONAL_SECTIONS[section][0]!r}, not {name!r}")
-    caps = capabilities()
-    if name not in caps:
-        raise KeyError(f"unknown capability {name!r}; expected one of {sorted(caps)}")
-    cap = caps[name]
-    from utils import report  # local import: report imports env
-
-    if cap.available:
-        report.record_ran(section)
-        return True
-    print(f"SKIPPED [{section}] needs {name}: {cap.reason}. On a machine with {name} this cell runs its full path.")
-    report.record_skip(section, f"needs {name}: {cap.reason}")
-    return False
 
 
 def choose_device(preference: str = "auto"):

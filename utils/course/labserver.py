@@ -1,6 +1,6 @@
 """`make lab`: JupyterLab on the course, started the way every learner's machine needs it (README, instructor kit).
 
-    python -m utils.labserver [--port N] [--no-browser]
+    python -m utils.course.labserver [--port N] [--no-browser]
 
 Serves the checkout (notebooks/, labs/, solutions/) on 127.0.0.1 only and opens lesson 00. Adds ``--allow-root``
 only when the process runs as root: containers and cloud GPU machines often run the learner as root, and JupyterLab
@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 
-from utils import env
+from utils.core import env
 
 __all__ = ["FIRST_LESSON", "command", "main"]
 
@@ -38,7 +38,7 @@ def command(port: int | None = None, token: str | None = None, browser: bool = T
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m utils.labserver", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m utils.course.labserver", description=__doc__.split("\n\n")[0])
     parser.add_argument("--port", type=int, default=None, help="port (default: JupyterLab's, 8888 or the next free)")
     parser.add_argument("--no-browser", action="store_true", help="do not open a browser (remote machines)")
     args = parser.parse_args(argv)

@@ -1,6 +1,6 @@
 """Pre-build what is slow the first time, so workshop cells start fast (instructor kit; `make warmup`).
 
-    python -m utils.warmup [--list] [STEP ...]
+    python -m utils.course.warmup [--list] [STEP ...]
 
 Each step runs in its own Python process (a crash or a hang in one cannot take the others down; TensorFlow and
 torch's compiler must not share a process in the wrong import order) and prints ``done``, ``skipped`` with the
@@ -8,7 +8,7 @@ reason, or ``FAILED`` with the error. Results land where the lessons look for th
 caches), so running it before a workshop turns first-run compiles into cache hits.
 
 Lesson modules take part through a hook: a module that defines ``warmup()`` (for example ``utils.kernels``,
-``utils.onnx_tools``, ``utils.triton_repo``) gets it called; a module that is absent, or has no hook yet, is
+``utils.conversion.onnx_tools``, ``utils.triton_repo``) gets it called; a module that is absent, or has no hook yet, is
 skipped with that reason. The exit code is 1 when a step failed, else 0.
 """
 
@@ -22,7 +22,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from utils import env
+from utils.core import env
 
 __all__ = ["STEPS", "run_step", "main"]
 
@@ -69,7 +69,7 @@ def _kernel() -> str:
     t0 = time.perf_counter()
     km, kc = start_new_kernel(kernel_name="python3")
     try:
-        kc.execute_interactive("import utils.env", timeout=120)
+        kc.execute_interactive("import utils.core.env", timeout=120)
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
@@ -127,7 +127,7 @@ STEPS: dict[str, tuple[str, Callable[[], str]]] = {
     "matplotlib": ("build matplotlib's font cache", _matplotlib),
     "kernel": ("start a Jupyter kernel once", _kernel),
     "kernels": ("lesson 06: build the C++ (and CUDA) softmax extension", _kernels),
-    "onnx": ("lesson 04: exported ONNX models", _hook("utils.onnx_tools", "04")),
+    "onnx": ("lesson 04: exported ONNX models", _hook("utils.conversion.onnx_tools", "04")),
     "triton-repo": ("lesson 05: the Triton model repository", _hook("utils.triton_repo", "05")),
     "tritonserver": ("start the bundled tritonserver once", _tritonserver),
 }
@@ -149,7 +149,7 @@ def run_step(name: str) -> dict:
 
 def _in_subprocess(name: str, timeout: int) -> dict:
     try:
-        proc = subprocess.run([sys.executable, "-m", "utils.warmup", "_step", name], capture_output=True, text=True,
+        proc = subprocess.run([sys.executable, "-m", "utils.course.warmup", "_step", name], capture_output=True, text=True,
                               timeout=timeout, cwd=env.repo_root())
     except subprocess.TimeoutExpired:
         return {"status": "failed", "detail": f"still running after {timeout} s", "seconds": float(timeout)}
@@ -167,7 +167,7 @@ def main(argv=None) -> int:
     if argv[:1] == ["_step"]:
         print("STEP " + json.dumps(run_step(argv[1])))
         return 0
-    parser = argparse.ArgumentParser(prog="python -m utils.warmup", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m utils.course.warmup", description=__doc__.split("\n\n")[0])
     parser.add_argument("steps", nargs="*", help=f"some of {list(STEPS)} (default: all)")
     parser.add_argument("--list", action="store_true", help="list the steps")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per step")

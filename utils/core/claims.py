@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["VERDICTS", "Claim", "ClaimResult", "CLAIMS", "evaluate", "markdown", "for_lesson"]
+__all__ = ["VERDICTS", "Claim", "ClaimResult", "CLAIMS", "evaluate", "markdown", "for_lesson", "format_value", "cell"]
 
 HOLDS, BEYOND, FAILS, NOT_HERE, NOT_RUN = (
     "holds", "holds (beyond the claimed range)", "does not hold", "not measurable here", "not run",
@@ -135,12 +135,16 @@ CLAIMS: tuple[Claim, ...] = (
 )
 
 
-def _fmt(value, unit: str) -> str:
+def format_value(value, unit: str = "") -> str:
+    """A recorded value as the course prints it (report.show(), the course report, the claims table): yes/no for
+    booleans, 3 significant digits below 1000, thousands separators above, then the unit."""
     if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float | int):
-        return f"{value:.3g} {unit}".strip()
-    return str(value)
+        text = "yes" if value else "no"
+    elif isinstance(value, int | float):
+        text = f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+    else:
+        text = str(value)
+    return f"{text} {unit}".strip()
 
 
 def _range(c: Claim) -> str:
@@ -162,7 +166,7 @@ def _evaluate_one(c: Claim, results: dict[str, dict]) -> ClaimResult:
     for lesson, metric in c.also:
         data = results.get(lesson, {})
         if metric in data.get("metrics", {}) and (not found or metric != found[1]):
-            context.append(f"{metric} = {_fmt(data['metrics'][metric], data.get('units', {}).get(metric, ''))}")
+            context.append(f"{metric} = {format_value(data['metrics'][metric], data.get('units', {}).get(metric, ''))}")
     if found is None:
         ran = [lesson for lesson in lessons if lesson in results]
         if not ran:
@@ -219,7 +223,8 @@ def for_lesson(stem: str, claims: tuple[Claim, ...] = CLAIMS) -> tuple[Claim, ..
     return tuple(c for c in claims if any(lesson == stem for lesson, _ in (*c.metrics, *c.also)))
 
 
-def _cell(text: str) -> str:
+def cell(text) -> str:
+    """Text made safe for one Markdown table cell (pipes escaped, newlines flattened)."""
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
@@ -236,8 +241,8 @@ def markdown(results: dict[str, dict], claims: tuple[Claim, ...] = CLAIMS) -> st
         where = f"`{r.metric}` ({r.lesson}, {r.mode} run)" if r.metric else ""
         how = "; ".join(x for x in (r.reason, c.explain if c else "", where, "; ".join(r.context)) if x)
         lines.append(
-            f"| {_cell(r.claim)} ({_cell(r.source)}) | {_cell(_range(c)) if c else ''} | {_cell(r.measured)} | "
-            f"**{r.verdict}** | {_cell(how)} | {_cell(r.anchor)} |"
+            f"| {cell(r.claim)} ({cell(r.source)}) | {cell(_range(c)) if c else ''} | {cell(r.measured)} | "
+            f"**{r.verdict}** | {cell(how)} | {cell(r.anchor)} |"
         )
     return "\n".join(lines)
 

@@ -1,10 +1,10 @@
 """The headless course runner behind `make course` (README, "Running the course").
 
-    python -m utils.run [--smoke | --full] [-p NAME VALUE ...] [notebook.ipynb ...]
+    python -m utils.course.run [--smoke | --full] [-p NAME VALUE ...] [notebook.ipynb ...]
 
 Runs the lesson notebooks in order with papermill (default: every notebooks/NN_*.ipynb, full mode), writes the
 executed copies to build/executed/, stores each notebook's run time with its results and renders build/report.md,
-build/report.html and the static site build/site/ (utils.site).
+build/report.html and the static site build/site/ (utils.course.site).
 It stops at the first failure and names the notebook, the cell and the error. A parameter a notebook does not declare
 in its `parameters` cell is an error (papermill itself would only warn).
 """
@@ -18,7 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-from utils import env
+from utils.core import env, report
+from utils.course import render, site
 
 __all__ = ["NotebookFailed", "declared_parameters", "run_notebook", "main"]
 
@@ -120,7 +121,7 @@ def _source_cell(executed: Path, fallback: int) -> tuple[int, str]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m utils.run", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m utils.course.run", description=__doc__.split("\n\n")[0])
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--smoke", action="store_true", help="small sizes (what the tests run)")
     mode.add_argument("--full", action="store_true", help="full sizes (default)")
@@ -131,8 +132,6 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     from tqdm.auto import tqdm
-
-    from utils import report
 
     smoke = bool(args.smoke)
     notebooks = args.notebooks or lesson_notebooks()
@@ -155,10 +154,8 @@ def main(argv=None) -> int:
         tqdm.write(f"  {Path(nb).name}: {seconds:.0f} s")
     print(f"all {len(notebooks)} notebook(s) ran in {total:.0f} s")
     if not args.no_report:
-        from utils import site
-
-        md = report.render()
-        print(f"report: {md} and {report.render_html(md)}")
+        md = render.render()
+        print(f"report: {md} and {render.render_html(md)}")
         print(f"static site (offline): {site.build(out_dir)}")
     return 0
 
