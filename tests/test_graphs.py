@@ -8,7 +8,7 @@ import torch
 
 from utils import graphs
 from utils.checks import lab02
-from utils.course.labs import LabCheckFailed
+from utils.checks import LabCheckFailed
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*is deprecated. Please:FutureWarning")
 

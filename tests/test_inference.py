@@ -6,7 +6,7 @@ import torch
 
 from utils import inference
 from utils.checks import lab01
-from utils.course.labs import LabCheckFailed
+from utils.checks import LabCheckFailed
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
 from utils.conversion import onnx_tools as ot  # noqa: E402
+from utils.core import onnx_io  # noqa: E402
 
 
 class Tiny(torch.nn.Module):
@@ -24,7 +25,7 @@ class Tiny(torch.nn.Module):
 def tiny_onnx(tmp_path_factory):
     path = tmp_path_factory.mktemp("onnx") / "tiny.onnx"
     model = Tiny().eval()
-    ot.export_model(model, (torch.randn(2, 8),), path, input_names=["x"], output_names=["y"],
+    onnx_io.export_model(model, (torch.randn(2, 8),), path, input_names=["x"], output_names=["y"],
                     dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}})
     return model, path
 
@@ -34,88 +35,88 @@ def minilm_onnx(tmp_path_factory):
     from utils.core.models import minilm
 
     tok, model = minilm("eager")
-    path = ot.export_minilm(tmp_path_factory.mktemp("minilm") / "minilm.onnx")
+    path = onnx_io.export_minilm(tmp_path_factory.mktemp("minilm") / "minilm.onnx")
     return tok, model, path
 
 
 def test_export_model_and_parity_dynamic_batch(tiny_onnx):
     model, path = tiny_onnx
     ot.check_model(path)
-    sess = ot.ort_session(path, threads=1)
+    sess = onnx_io.ort_session(path, threads=1)
     samples = [(torch.randn(b, 8),) for b in (1, 3, 17)]
-    err = ot.parity(model, sess, samples)
+    err = onnx_io.parity(model, sess, samples)
     assert 0 <= err < 1e-5
 
 
 def test_parity_raises_clear_error_out_of_tolerance(tiny_onnx):
     model, path = tiny_onnx
-    sess = ot.ort_session(path)
-    with pytest.raises(ot.ParityError, match="parity failed on sample 0"):
-        ot.parity(lambda x: model(x) + 0.01, sess, torch.randn(2, 8))
+    sess = onnx_io.ort_session(path)
+    with pytest.raises(onnx_io.ParityError, match="parity failed on sample 0"):
+        onnx_io.parity(lambda x: model(x) + 0.01, sess, torch.randn(2, 8))
     with pytest.raises(ValueError, match="expects 1 inputs"):
-        ot.parity(model, sess, (torch.randn(2, 8), torch.randn(2, 8)))
+        onnx_io.parity(model, sess, (torch.randn(2, 8), torch.randn(2, 8)))
     with pytest.raises(ValueError, match="atol and rtol"):
-        ot.parity(model, sess, torch.randn(2, 8), atol=-1)
+        onnx_io.parity(model, sess, torch.randn(2, 8), atol=-1)
 
 
 def test_ort_session_bad_input(tiny_onnx, tmp_path):
     _, path = tiny_onnx
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        ot.ort_session(tmp_path / "missing.onnx")
+        onnx_io.ort_session(tmp_path / "missing.onnx")
     with pytest.raises(ValueError, match="level must be one of"):
-        ot.ort_session(path, level="max")
+        onnx_io.ort_session(path, level="max")
     with pytest.raises(ValueError, match="threads"):
-        ot.ort_session(path, threads=0)
+        onnx_io.ort_session(path, threads=0)
     with pytest.raises(ValueError, match="not available"):
-        ot.ort_session(path, providers=["NoSuchExecutionProvider"])
+        onnx_io.ort_session(path, providers=["NoSuchExecutionProvider"])
 
 
 def test_inspection_helpers(tiny_onnx, tmp_path):
     _, path = tiny_onnx
     hist = ot.op_histogram(path)
     assert hist["Relu"] == 1 and ot.node_count(path) == sum(hist.values())
-    assert ot.onnx_size_bytes(path) == path.stat().st_size
+    assert onnx_io.onnx_size_bytes(path) == path.stat().st_size
     opt = ot.optimized_graph(path, tmp_path / "opt.onnx", level="basic")
     assert len(opt.graph.node) <= ot.node_count(path)
 
 
 def test_export_minilm_dynamic_axes_and_parity(minilm_onnx):
     tok, model, path = minilm_onnx
-    sess = ot.ort_session(path, threads=2)
-    assert [i.name for i in sess.get_inputs()] == list(ot.MINILM_INPUTS)
+    sess = onnx_io.ort_session(path, threads=2)
+    assert [i.name for i in sess.get_inputs()] == list(onnx_io.MINILM_INPUTS)
     assert all(i.type == "tensor(int64)" for i in sess.get_inputs())
     assert [o.name for o in sess.get_outputs()] == ["last_hidden_state"]
     assert sess.get_inputs()[0].shape == ["batch", "sequence"]
-    samples = [ot.minilm_inputs(tok, ["hi"]), ot.minilm_inputs(tok, ["a", "a longer sentence about runtimes", "c"])]
-    assert ot.parity(model, sess, samples) < 1e-4
+    samples = [onnx_io.minilm_inputs(tok, ["hi"]), onnx_io.minilm_inputs(tok, ["a", "a longer sentence about runtimes", "c"])]
+    assert onnx_io.parity(model, sess, samples) < 1e-4
 
 
 def test_export_minilm_bad_input(tmp_path):
     with pytest.raises(ValueError, match=r"\.onnx"):
-        ot.export_minilm(tmp_path / "model.pt")
+        onnx_io.export_minilm(tmp_path / "model.pt")
     with pytest.raises(ValueError, match="opset"):
-        ot.export_minilm(tmp_path / "m.onnx", opset=3)
+        onnx_io.export_minilm(tmp_path / "m.onnx", opset=3)
     with pytest.raises(TypeError, match="str or os.PathLike"):
-        ot.export_minilm(123)
+        onnx_io.export_minilm(123)
 
 
 def test_parity_accepts_numpy_inputs(tiny_onnx):
     model, path = tiny_onnx
-    sess = ot.ort_session(path)
+    sess = onnx_io.ort_session(path)
     x = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
-    assert ot.parity(lambda t: model(torch.as_tensor(t)), sess, x) < 1e-5
+    assert onnx_io.parity(lambda t: model(torch.as_tensor(t)), sess, x) < 1e-5
 
 
 def test_dynamo_export_writes_external_data_and_is_counted(tmp_path):
     model = Tiny().eval()
-    path = ot.export_model(model, (torch.randn(2, 8),), tmp_path / "tiny_dyn.onnx", input_names=["x"],
+    path = onnx_io.export_model(model, (torch.randn(2, 8),), tmp_path / "tiny_dyn.onnx", input_names=["x"],
                            output_names=["y"], dynamo=True, opset=17,
                            dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=64)},))
     proto = onnx.load(str(path), load_external_data=False)
     assert proto.opset_import[0].version >= 18  # the torch.export-based exporter implements opset 18+
-    assert ot.onnx_size_bytes(path) >= path.stat().st_size
-    sess = ot.ort_session(path)
-    assert ot.parity(model, sess, [(torch.randn(b, 8),) for b in (1, 5)]) < 1e-5
+    assert onnx_io.onnx_size_bytes(path) >= path.stat().st_size
+    sess = onnx_io.ort_session(path)
+    assert onnx_io.parity(model, sess, [(torch.randn(b, 8),) for b in (1, 5)]) < 1e-5
 
 
 def test_calibration_reader_and_static_quantization(tiny_onnx, tmp_path):
@@ -136,9 +137,9 @@ def test_calibration_reader_and_static_quantization(tiny_onnx, tmp_path):
 def test_to_fp16_keeps_io_types_and_is_close(tiny_onnx, tmp_path):
     model, path = tiny_onnx
     out = ot.to_fp16(path, tmp_path / "tiny_fp16.onnx")
-    sess = ot.ort_session(out)
+    sess = onnx_io.ort_session(out)
     assert sess.get_inputs()[0].type == "tensor(float)"
-    assert ot.parity(model, sess, torch.randn(3, 8), atol=1e-2, rtol=1e-2) < 1e-2
+    assert onnx_io.parity(model, sess, torch.randn(3, 8), atol=1e-2, rtol=1e-2) < 1e-2
     with pytest.raises(FileNotFoundError):
         ot.to_fp16(tmp_path / "missing.onnx", tmp_path / "x.onnx")
 

@@ -277,7 +277,7 @@ def path_size_bytes(path) -> int:
     if not p.is_file():
         raise FileNotFoundError(f"{p} does not exist: save the model there first")
     if p.suffix == ".onnx":
-        from utils.conversion.onnx_tools import onnx_size_bytes
+        from utils.core.onnx_io import onnx_size_bytes
 
         return onnx_size_bytes(p)
     return p.stat().st_size

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from utils.checks import LabCheckFailed, call, expect, passed
 from utils.conversion import onnx_tools
-from utils.core import bench
+from utils.core import bench, onnx_io
 
 ATOL, RTOL = 1e-4, 1e-3
 
@@ -48,7 +48,7 @@ def _exported(export_fn, model, path, image_size) -> Path:
 
 def _session(path):
     try:
-        return onnx_tools.ort_session(path)
+        return onnx_io.ort_session(path)
     except Exception as exc:  # noqa: BLE001 - any load failure becomes a lab message
         raise LabCheckFailed(f"ONNX Runtime cannot load {path}: {type(exc).__name__}: {exc}") from None
 
@@ -143,7 +143,7 @@ def check_quantized(quantize_fn, export_fn, model, path, out_path, image_size: i
     out_path = _written(quantize_fn, (path, out_path, calibration), out_path,
                         what="quantize_int8(path, out_path, calibration)",
                         missing=f"quantize_int8 should write the int8 model to {out_path}")
-    ratio = onnx_tools.onnx_size_bytes(path) / onnx_tools.onnx_size_bytes(out_path)
+    ratio = onnx_io.onnx_size_bytes(path) / onnx_io.onnx_size_bytes(out_path)
     expect(ratio >= 3.0, f"the int8 file is only {ratio:.2f}x smaller than fp32; int8 weights should make it ~4x")
     ops = onnx_tools.op_histogram(out_path)
     int8_ops = {"QuantizeLinear", "QLinearConv", "DynamicQuantizeLinear", "ConvInteger", "MatMulInteger"}
@@ -257,11 +257,11 @@ def check_graph_pass(pass_fn) -> dict:
     expect(outputs == ["y", "scores"], f"the graph outputs must stay ['y', 'scores'], they are {outputs}")
     x = np.random.default_rng(1).standard_normal((5, 16)).astype(np.float32)
     try:
-        got = onnx_tools.ort_session(out.SerializeToString(), level="disabled").run(None, {"x": x})
+        got = onnx_io.ort_session(out.SerializeToString(), level="disabled").run(None, {"x": x})
     except Exception as exc:  # noqa: BLE001 - any load failure becomes a lab message
         raise LabCheckFailed(f"ONNX Runtime cannot run the rewritten graph: {type(exc).__name__}: {exc} "
                              "(did you keep the IR version? out.ir_version = model.ir_version)") from None
-    want = onnx_tools.ort_session(original.SerializeToString(), level="disabled").run(None, {"x": x})
+    want = onnx_io.ort_session(original.SerializeToString(), level="disabled").run(None, {"x": x})
     err = max(float(np.abs(a - b).max()) for a, b in zip(got, want, strict=True))
     expect(err <= ATOL, f"the rewritten graph's outputs differ from the original by {err:.3g} (atol {ATOL})")
     passed("graph pass", f"{before} -> {len(out.graph.node)} nodes (3 MatMul+Add -> Gemm), max abs error {err:.2e}")

@@ -23,12 +23,12 @@ def work_dir() -> Path:
 
 def minilm_onnx() -> Path:
     """The MiniLM ONNX file: the lesson's export when it exists, otherwise exported now (about 10 s)."""
-    from utils.conversion import onnx_tools
+    from utils.core import onnx_io
 
     for candidate in (env.build_dir() / "triton" / "05" / "minilm.onnx", work_dir() / "minilm.onnx"):
         if candidate.is_file():
             return candidate
-    return onnx_tools.export_minilm(work_dir() / "minilm.onnx", dynamo=False)
+    return onnx_io.export_minilm(work_dir() / "minilm.onnx", dynamo=False)
 
 
 def _parse(text, what: str):
@@ -112,8 +112,7 @@ def _encoder_requests(n: int = 48):
     import numpy as np
     from tokenizers import Tokenizer
 
-    from utils.conversion import onnx_tools
-    from utils.core import models
+    from utils.core import models, onnx_io
     from utils.core.data import labeled_sentences
 
     tok = Tokenizer.from_file(str(models.minilm_path() / "tokenizer.json"))
@@ -124,7 +123,7 @@ def _encoder_requests(n: int = 48):
     ids = np.array([e.ids for e in enc], dtype=np.int64)
     mask = np.array([e.attention_mask for e in enc], dtype=np.int64)
     feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
-    hidden = onnx_tools.ort_session(minilm_onnx(), threads=1).run(["last_hidden_state"], feeds)[0]
+    hidden = onnx_io.ort_session(minilm_onnx(), threads=1).run(["last_hidden_state"], feeds)[0]
     requests = [{k: v[i:i + 1] for k, v in feeds.items()} for i in range(n)]
     expected = [{"last_hidden_state": hidden[i:i + 1]} for i in range(n)]
     return requests, expected

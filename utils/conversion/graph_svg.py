@@ -11,6 +11,8 @@ import colorsys
 import hashlib
 from xml.sax.saxutils import escape
 
+from utils.conversion.onnx_tools import load_model
+
 __all__ = ["graph_svg"]
 
 _BOX_W, _BOX_H, _GAP_X, _GAP_Y, _MARGIN = 118, 26, 14, 22, 10
@@ -53,12 +55,7 @@ def graph_svg(model, *, title: str | None = None, max_nodes: int = 600, columns:
     run top to bottom. Layers wider than `columns` boxes wrap onto extra rows. Raises ValueError for graphs with more
     than `max_nodes` nodes (the drawing would be unreadable: draw a subgraph instead).
     """
-    import onnx
-
-    if not isinstance(model, onnx.ModelProto):
-        from utils.conversion.onnx_tools import _load
-
-        model = _load(model)
+    model = load_model(model)
     nodes = list(model.graph.node)
     if not nodes:
         raise ValueError("the graph has no nodes to draw")
