@@ -7,8 +7,7 @@ import pytest
 import torch
 
 from utils import graphs
-from utils.checks import lab02
-from utils.checks import LabCheckFailed
+from utils.checks import LabCheckFailed, lab02
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*is deprecated. Please:FutureWarning")
 

@@ -5,8 +5,7 @@ import pytest
 import torch
 
 from utils import inference
-from utils.checks import lab01
-from utils.checks import LabCheckFailed
+from utils.checks import LabCheckFailed, lab01
 
 
 @pytest.fixture

@@ -10,6 +10,8 @@ import pytest
 from tests.test_lesson_results import REQUIRED_METRICS
 from utils import interview
 from utils.core import env
+from utils.interview import __main__ as cli
+from utils.interview import proofs
 
 BANK = interview.load_bank()
 CODE_PROOFS = [q for q in BANK if q.code]
@@ -76,7 +78,7 @@ def frameworks_imported():
     import torch  # noqa: F401
 
     needs = {m for q in CODE_PROOFS for m in q.needs if importlib.util.find_spec(m) is not None}
-    interview._import_order_guard(tuple(needs))
+    proofs.import_order_guard(tuple(needs))
     for module in sorted(needs):
         __import__(module)
 
@@ -206,7 +208,7 @@ def test_recorded_values_come_from_the_results_file(monkeypatch, tmp_path):
 
 
 def test_command_line(capsys):
-    assert interview.main(["validate"]) == 0
+    assert cli.main(["validate"]) == 0
     assert f"{len(BANK)} questions" in capsys.readouterr().out
-    assert interview.main(["prove", "median-and-iqr"]) == 0
+    assert cli.main(["prove", "median-and-iqr"]) == 0
     assert "proved" in capsys.readouterr().out

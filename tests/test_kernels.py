@@ -6,9 +6,8 @@ import re
 import pytest
 
 from utils import kernels
-from utils.checks import lab06
+from utils.checks import LabCheckFailed, lab06
 from utils.core import env
-from utils.checks import LabCheckFailed
 
 torch = pytest.importorskip("torch")
 

@@ -195,7 +195,7 @@ def load_all(directory: Path | None = None) -> dict[str, dict]:
     A file that is not valid JSON (a run killed while writing, an edit by hand) is skipped with a warning that names
     it: its lesson then reads as not run, and the rest of the report still renders.
     """
-    directory = Path(directory) if directory is not None else results_dir()
+    directory = Path(directory) if directory is not None else env.build_dir() / "results"  # read only: no mkdir
     out = {}
     for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
         try:
