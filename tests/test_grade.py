@@ -11,7 +11,7 @@ import threading
 import nbformat
 import pytest
 
-from utils.course import grade
+from utils.course import grade, sandbox
 
 LAB = "99_tiny_lab"
 SETUP = "from utils.checks import LabCheckFailed, call, expect, passed\nfrom utils.core import env\nSMOKE = env.smoke_default()"
@@ -89,7 +89,7 @@ def test_a_correct_an_incomplete_and_a_crashing_submission(root, tmp_path):
     broken_structure = _solution(check_negate=None)
     _write(subs, f"erin_{LAB}.ipynb", broken_structure)
     _write(subs, "frank.ipynb", _solution())
-    box = grade.sandbox(tmp_path)
+    box = sandbox.sandbox(tmp_path)
     out = grade.grade(subs, tmp_path / "grades.csv", timeout=120, root=root, allow_unsandboxed=not box.enforced)
     rows = _read(out)
     assert list(rows[0]) == list(grade.COLUMNS)
@@ -110,14 +110,14 @@ def test_a_correct_an_incomplete_and_a_crashing_submission(root, tmp_path):
 def test_a_submission_that_runs_too_long_times_out(root, tmp_path):
     subs = tmp_path / "subs"
     _write(subs, f"slow_{LAB}.ipynb", _solution(negate="import time\ntime.sleep(600)"))
-    box = grade.sandbox(tmp_path)
+    box = sandbox.sandbox(tmp_path)
     rows = _read(grade.grade(subs, tmp_path / "g.csv", timeout=20, root=root, allow_unsandboxed=not box.enforced))
     status = {r["check"]: r["status"] for r in rows}
     assert status == {"check 1": "passed", "check 2": "timeout"}
 
 
 def test_submissions_cannot_reach_the_network_or_write_outside_scratch(root, tmp_path):
-    box = grade.sandbox(tmp_path)
+    box = sandbox.sandbox(tmp_path)
     if not box.enforced:
         pytest.skip(f"no sandbox on this machine: {box.description}")
     outside = tmp_path / "escaped.txt"
@@ -162,7 +162,7 @@ def test_submissions_cannot_reach_the_network_or_write_outside_scratch(root, tmp
 
 def test_refuses_to_run_without_a_sandbox(root, tmp_path, monkeypatch):
     _write(tmp_path / "subs", f"alice_{LAB}.ipynb", _solution())
-    monkeypatch.setattr(grade, "_sandbox_cache", grade.Sandbox((), "NO SANDBOX: test", False))
+    monkeypatch.setattr(sandbox, "_sandbox_cache", sandbox.Sandbox((), "NO SANDBOX: test", False))
     with pytest.raises(RuntimeError, match="refusing"):
         grade.grade(tmp_path / "subs", tmp_path / "g.csv", root=root)
     assert grade.main([str(tmp_path / "subs"), "--out", str(tmp_path / "g.csv")]) == 2

@@ -22,7 +22,9 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
+from utils.core import bench, onnx_io
 from utils.core import env as _env
+from utils.core.models import vision_model
 
 __all__ = [
     "DeviceMismatchError",
@@ -206,8 +208,6 @@ def throughput_sweep(model, batch_sizes: Sequence[int], make_input: Callable[[in
     import torch
     from tqdm.auto import tqdm
 
-    from utils.core import bench
-
     sizes = list(batch_sizes)
     if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
         raise ValueError(f"batch_sizes must be positive ints, got {sizes!r}")
@@ -245,8 +245,6 @@ def _cold_start_child(model: str, batch: int, image_size: int, device: str, min_
     t0 = time.perf_counter()
     import torch
 
-    from utils.core import bench
-    from utils.core.models import vision_model
 
     out = {"import_s": time.perf_counter() - t0}
     t0 = time.perf_counter()
@@ -277,9 +275,8 @@ def path_size_bytes(path) -> int:
     if not p.is_file():
         raise FileNotFoundError(f"{p} does not exist: save the model there first")
     if p.suffix == ".onnx":
-        from utils.core.onnx_io import onnx_size_bytes
 
-        return onnx_size_bytes(p)
+        return onnx_io.onnx_size_bytes(p)
     return p.stat().st_size
 
 

@@ -17,6 +17,8 @@ import contextlib
 import os
 from pathlib import Path
 
+from utils.core.models import minilm
+
 __all__ = [
     "MINILM_INPUTS", "LEVELS", "ParityError", "minilm_inputs", "export_minilm", "export_model", "ort_session", "parity",
     "onnx_size_bytes", "as_path", "to_numpy",
@@ -93,8 +95,6 @@ def export_minilm(path, *, opset: int = 17, dynamo: bool = False, model=None) ->
     if not isinstance(opset, int) or not 9 <= opset <= 23:
         raise ValueError(f"opset must be an int between 9 and 23, got {opset!r}")
     if model is None:
-        from utils.core.models import minilm
-
         _, model = minilm(attn_implementation="eager")
     wrapped = _last_hidden(model)
     batch, seq = 2, 16

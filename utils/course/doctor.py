@@ -19,7 +19,9 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
+from utils import kernels
 from utils.core import env, sections
+from utils.course import sandbox
 
 __all__ = ["Check", "checks", "lesson_plan", "main"]
 
@@ -110,9 +112,7 @@ def _chromium() -> Check:
 
 def _sandbox() -> Check:
     try:
-        from utils.course import grade
-
-        box = grade.sandbox()
+        box = sandbox.sandbox()
     except Exception as exc:  # the grading sandbox is optional for learners
         return Check("grading sandbox", "warn", f"probe failed ({type(exc).__name__}: {exc})", "only instructors need it")
     if box.enforced:
@@ -125,8 +125,6 @@ def _extension_errors() -> Check:
     if not env.has("cxx"):
         return Check("C++ extension errors", "warn", "not checked: " + env.capabilities()["cxx"].reason,
                      "install g++ (lesson 06 and torch.compile need it)")
-    from utils import kernels
-
     try:
         ok, detail = kernels.error_probe()
     except Exception as exc:  # a build that fails is a finding for the learner, reported rather than raised

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from utils import kernels
 from utils.core import env, sections
+from utils.course.run import NotebookFailed, lesson_notebooks, run_notebook
 
 __all__ = ["GPU_CAPABILITIES", "GPU_TESTS", "KEY_METRICS", "gpu_sections", "device_info", "run_tests", "run_lessons",
            "summarize", "main"]
@@ -102,7 +103,6 @@ def run_tests(build: Path, files: list[str] = GPU_TESTS, timeout: int = 1800) ->
 
 def run_lessons(lessons: list[str], build: Path) -> dict[str, dict]:
     """Run each lesson (by prefix, e.g. "06") in smoke mode; {stem: {ok, seconds, error, results}}."""
-    from utils.course.run import NotebookFailed, lesson_notebooks, run_notebook
 
     previous = os.environ.get("WORKBOOK_BUILD_DIR")
     os.environ["WORKBOOK_BUILD_DIR"] = str(build)  # the kernels inherit it: results land in <build>/results

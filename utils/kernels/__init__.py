@@ -337,20 +337,6 @@ RAW_BAD_INPUTS = {
     "backward dtype mismatch": "ops.softmax_backward(torch.ones(3, 4), torch.ones(3, 4, dtype=torch.float64))",
 }
 
-_CHILD = """
-import faulthandler, json, sys, torch
-faulthandler.enable()  # a crash prints the signal and the Python line that made the call to stderr
-torch.ops.load_library(sys.argv[1])
-ops = getattr(torch.ops, sys.argv[2])
-for name, expr in json.loads(sys.argv[3]).items():
-    print(json.dumps({"start": name}), flush=True)
-    try:
-        eval(expr)
-        result = "no error"
-    except Exception as exc:
-        result = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-    print(json.dumps({"name": name, "result": result}), flush=True)
-"""
 
 
 def raw_errors(ext: Extension, calls: dict[str, str] | None = None, timeout: float = 120) -> dict[str, str]:
@@ -365,7 +351,8 @@ def raw_errors(ext: Extension, calls: dict[str, str] | None = None, timeout: flo
     pending = dict(RAW_BAD_INPUTS if calls is None else calls)
     results: dict[str, str] = {}
     while pending:
-        proc = subprocess.run([sys.executable, "-c", _CHILD, str(ext.library), ext.namespace, json.dumps(pending)],
+        proc = subprocess.run([sys.executable, "-m", "utils.kernels.raw_call", str(ext.library), ext.namespace,
+                               json.dumps(pending)], env=env.child_environ(),
                               capture_output=True, text=True, timeout=timeout)
         started = None
         for line in proc.stdout.splitlines():

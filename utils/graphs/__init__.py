@@ -388,23 +388,6 @@ def _glob_escape(text: str) -> str:
 # a fresh Python process
 # ---------------------------------------------------------------------------------------------------------------------
 
-_RUNNER = r"""
-import sys, time
-import torch
-jobs_path, out_path = sys.argv[1:3]
-results = []
-for model_path, inputs in torch.load(jobs_path, weights_only=True):
-    t0 = time.perf_counter()
-    if model_path.endswith(".pt2"):
-        fn, kind = torch.export.load(model_path).module(), "torch.export"
-    else:
-        fn, kind = torch.jit.load(model_path), "TorchScript"
-    with torch.no_grad():
-        out = fn(*inputs)
-    results.append({"out": out, "kind": kind, "seconds": time.perf_counter() - t0})
-course = sorted(m for m in sys.modules if m == "utils" or m.startswith("utils."))
-torch.save({"results": results, "course_modules": course}, out_path)
-"""
 
 
 @dataclass(frozen=True)
@@ -447,7 +430,7 @@ def run_in_fresh_process(*jobs, timeout: float = 300) -> list[FreshRun]:
     out_path.unlink(missing_ok=True)
     # -I: isolated mode, so neither the working directory nor PYTHONPATH can put the notebook's code on sys.path
     proc = subprocess.run(
-        [sys.executable, "-I", "-c", _RUNNER, str(jobs_path), str(out_path)],
+        [sys.executable, "-I", str(Path(__file__).with_name("fresh_run.py")), str(jobs_path), str(out_path)],
         capture_output=True, text=True, timeout=timeout,
     )
     if proc.returncode != 0 or not out_path.is_file():
