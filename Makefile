@@ -15,7 +15,7 @@ NOTEBOOKS ?=
 # Extra arguments for `make lab`, e.g. LAB_ARGS="--no-browser --port 8890"
 LAB_ARGS ?=
 
-.PHONY: help env course test test-course test-lean gpu-check lab labs report lint doctor warmup grade site agenda clean
+.PHONY: help env course test test-fast test-course test-lean gpu-check lab labs report lint doctor warmup grade site agenda clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' Makefile | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -28,6 +28,9 @@ course:  ## run every lesson headless in full mode; executed notebooks, build/re
 
 test: test-course test-lean  ## every test: the course environment's suite, then your-own-environment's (lean) one
 
+test-fast:  ## the quick tier (tests/unit, under 2 minutes): the inner loop while you work
+	@$(ENV) && WORKBOOK_SMOKE=1 $$PY -m pytest tests/unit $(PYTEST_ARGS)
+
 test-course:  ## the whole test suite in smoke mode in the course environment (installs it if missing)
 	@$(ENV) && WORKBOOK_SMOKE=1 $$PY -m pytest $(PYTEST_ARGS)
 
@@ -37,7 +40,8 @@ test-course:  ## the whole test suite in smoke mode in the course environment (i
 test-lean:  ## your-own-environment path in a lean env (torch 2.11, Python 3.12, no TF/Triton): doctor, unit tests, lessons
 	@lean=$$(scripts/ensure_env.sh lean) && export WORKBOOK_OWN_ENV=1 WORKBOOK_SMOKE=1 \
 	  WORKBOOK_BUILD_DIR="$(CURDIR)/build/lean" && rm -rf build/lean/results && \
-	  "$$lean/bin/python" -m utils.course.doctor && "$$lean/bin/python" -m pytest tests -m "not notebook" $(PYTEST_ARGS)
+	  "$$lean/bin/python" -m utils.course.doctor && "$$lean/bin/python" -m pytest tests/unit tests/build tests/server \
+	  tests/notebooks/test_lesson_results.py $(PYTEST_ARGS)
 
 gpu-check:  ## on a GPU machine: every GPU section (tests + lessons in smoke mode) -> build/results/gpu_check.json
 	@$(ENV) && $$PY -m utils.course.gpu_check

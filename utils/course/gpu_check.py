@@ -34,7 +34,7 @@ __all__ = ["GPU_CAPABILITIES", "GPU_TESTS", "KEY_METRICS", "gpu_sections", "devi
            "summarize", "main"]
 
 GPU_CAPABILITIES = {"cuda", "cuda+nvcc", "nvcc", "tensorrt"}
-GPU_TESTS = ["tests/test_kernels.py", "tests/test_env.py", "tests/test_bench.py"]
+GPU_TESTS = ["tests/build/test_kernels.py", "tests/unit/test_env.py", "tests/unit/test_bench.py"]
 # (lesson, metric) -> what the number means, printed in the table
 KEY_METRICS = {
     ("00_environment", "gpu_copy_gbps"): "device copy bandwidth, GB/s (read + write)",

@@ -8,7 +8,7 @@ from xml.etree import ElementTree
 
 import pytest
 
-from tests.test_site import CHROMIUM, CHROMIUM_FLAGS
+from tests.server.browser import CHROMIUM, CHROMIUM_FLAGS
 from utils.checks.lab04 import graph_pass_model
 from utils.conversion.graph_svg import graph_svg
 

@@ -7,7 +7,7 @@ import re
 import nbformat
 import pytest
 
-from tests.test_lesson_results import REQUIRED_METRICS
+from tests.lesson_contract import REQUIRED_METRICS
 from utils import interview
 from utils.core import env
 from utils.interview import __main__ as cli

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from tests.test_lesson_results import REQUIRED_METRICS
+from tests.lesson_contract import REQUIRED_METRICS
 from utils.core import claims, report
 from utils.course import agenda, render
 

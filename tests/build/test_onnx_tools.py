@@ -7,6 +7,7 @@ torch = pytest.importorskip("torch")
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
+from tests.build.test_conversion_gate import within_budget  # noqa: E402
 from utils.conversion import onnx_tools as ot  # noqa: E402
 from utils.core import onnx_io  # noqa: E402
 
@@ -171,8 +172,6 @@ def test_trt_helpers_without_tensorrt(tmp_path):
 
 
 def test_conversion_gate_failure_names_the_broken_budget():
-    from tests.test_conversion_gate import within_budget
-
     within_budget("latency_vs_eager", 0.5, 1.5)  # within budget: no exception
     with pytest.raises(AssertionError, match=r"budget 'size_over_fp32_params' broken: measured 2x > limit 1.25x"):
         within_budget("size_over_fp32_params", 2.0, 1.25, "x")

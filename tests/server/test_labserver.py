@@ -13,7 +13,7 @@ import urllib.request
 import nbformat
 import pytest
 
-from tests.test_site import CHROMIUM, CHROMIUM_FLAGS
+from tests.server.browser import CHROMIUM, CHROMIUM_FLAGS
 from utils.core import env
 from utils.course import labserver
 

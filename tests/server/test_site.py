@@ -10,21 +10,16 @@ import io
 import json
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import nbformat
 import pytest
 
+from tests.server.browser import CHROMIUM, CHROMIUM_FLAGS
 from utils.core import env
 from utils.course import render, site
 from utils.course.run import lesson_notebooks
-
-CHROMIUM = next((p for p in ("/usr/bin/chromium", shutil.which("chromium") or "", shutil.which("chromium-browser") or "")
-                 if p and os.path.exists(p)), "")
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--no-first-run", "--virtual-time-budget=5000"]
 
 # injected into a copy of each page: after load, report images that did not decode, the navigation and the cells
 PROBE = """<script>

@@ -1,0 +1,59 @@
+"""Each lesson recorded what its contract (tests/lesson_contract.py) requires, and skipped only optional sections.
+
+The lesson notebooks run earlier in the same session through nbval (conftest orders this file last). When a lesson's
+results are missing (e.g. this file was run alone) the notebook is executed here with papermill in smoke mode.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.lesson_contract import REQUIRED_METRICS, SECTION_METRICS
+from utils.core import env, sections
+from utils.course.run import lesson_notebooks, run_notebook
+
+LESSONS = [p for p in lesson_notebooks() if p.stem in REQUIRED_METRICS]
+
+
+def _results(nb: Path) -> dict:
+    path = env.build_dir() / "results" / f"{nb.stem}.json"
+    if not path.exists():
+        run_notebook(nb, env.build_dir() / "executed", smoke=True)
+    return json.loads(path.read_text())
+
+
+@pytest.mark.parametrize("nb", LESSONS, ids=[p.stem for p in LESSONS])
+def test_lesson_recorded_its_metrics(nb):
+    data = _results(nb)
+    assert data["notebook"] == nb.stem
+    excused = {m for section in data.get("skipped", {}) for m in SECTION_METRICS.get(section, [])}
+    missing = [m for m in REQUIRED_METRICS[nb.stem] if m not in data["metrics"] and m not in excused]
+    assert not missing, f"{nb.name} did not record {missing} (recorded: {sorted(data['metrics'])})"
+    for name, value in data["metrics"].items():
+        assert isinstance(value, bool | int | float | str), f"{name}: {value!r}"
+
+
+@pytest.mark.parametrize("nb", LESSONS, ids=[p.stem for p in LESSONS])
+def test_only_optional_sections_skipped(nb):
+    data = _results(nb)
+    for section, reason in data.get("skipped", {}).items():
+        assert section in sections.OPTIONAL_SECTIONS, (
+            f"{nb.name} skipped section {section!r} ({reason}) which is not listed in utils.core.sections.OPTIONAL_SECTIONS"
+        )
+        cap = sections.OPTIONAL_SECTIONS[section][0]
+        assert not env.has(cap), f"{nb.name} skipped {section!r} although this machine has {cap}"
+        assert section.startswith(nb.stem[:2] + "."), f"section {section!r} belongs to another lesson"
+
+
+def test_section_metrics_name_required_metrics_of_optional_sections():
+    for section, metrics in SECTION_METRICS.items():
+        assert section in sections.OPTIONAL_SECTIONS, section
+        lesson = next(stem for stem in REQUIRED_METRICS if stem.startswith(section[:2]))
+        assert set(metrics) <= set(REQUIRED_METRICS[lesson]), (section, set(metrics) - set(REQUIRED_METRICS[lesson]))
+
+
+def test_every_lesson_has_a_contract():
+    stems = {p.stem for p in lesson_notebooks()}
+    unknown = sorted(stems - set(REQUIRED_METRICS))
+    assert not unknown, f"lesson notebooks without required metrics in {__file__}: {unknown}"
