@@ -398,8 +398,8 @@ def naive_attention(q, k, v, *, causal: bool = False):
 def tiled_attention(q, k, v, *, causal: bool = False, block_q: int = 64, block_k: int = 64):
     """FlashAttention's forward pass in PyTorch (lesson 08): one [block_q, block_k] tile of scores at a time.
 
-    For each block of queries, the key/value tiles stream past while a running max m, a running sum l and an
-    unnormalised output acc are kept; a new tile rescales the old l and acc by exp(m_old - m_new), the merge rule of
+    For each block of queries, the key/value tiles stream past while a running max m, a running sum denom and an
+    unnormalised output acc are kept; a new tile rescales the old denom and acc by exp(m_old - m_new), the merge rule of
     lesson 06's online softmax. The [Tq, Tk] score matrix never exists. `causal` masks key j > query i (queries and
     keys aligned at position 0, as in scaled_dot_product_attention(is_causal=True)).
     """
@@ -413,7 +413,7 @@ def tiled_attention(q, k, v, *, causal: bool = False, block_q: int = 64, block_k
         qi = q[..., i0 : i0 + block_q, :] * scale
         rows = qi.shape[-2]
         m = q.new_full((*qi.shape[:-1], 1), float("-inf"))  # running max of each query row
-        l = q.new_zeros((*qi.shape[:-1], 1))  # running sum of exp(score - m)
+        denom = q.new_zeros((*qi.shape[:-1], 1))  # running sum of exp(score - m)
         acc = q.new_zeros((*qi.shape[:-1], v.shape[-1]))  # running sum of exp(score - m) * v
         for j0 in range(0, n_k, block_k):
             if causal and j0 > i0 + rows - 1:
@@ -426,10 +426,10 @@ def tiled_attention(q, k, v, *, causal: bool = False, block_q: int = 64, block_k
             m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
             p = torch.exp(s - m_new)
             alpha = torch.exp(m - m_new)  # rescales what was summed against the old max
-            l = l * alpha + p.sum(dim=-1, keepdim=True)
+            denom = denom * alpha + p.sum(dim=-1, keepdim=True)
             acc = acc * alpha + p @ v[..., j0 : j0 + block_k, :]
             m = m_new
-        out[..., i0 : i0 + rows, :] = acc / l
+        out[..., i0 : i0 + rows, :] = acc / denom
     return out
 
 
@@ -875,7 +875,7 @@ class Int8Linear(nn.Module):
 def quantize_int8(model: nn.Module) -> nn.Module:
     """A copy of `model` with every nn.Linear replaced by an Int8Linear (embeddings and norms stay fp)."""
     model = copy.deepcopy(model)
-    for name, module in list(model.named_modules()):
+    for module in list(model.modules()):
         for child_name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(module, child_name, Int8Linear.from_linear(child))
