@@ -232,6 +232,8 @@ def test_engine_rejects_misuse(model):
         llm.summarize([r])
     with pytest.raises(ValueError, match="max_batch must be >= 1"):
         llm.Engine(model, max_batch=0)
+    with pytest.raises(ValueError, match=r"max_len must lie in \[1, 96\]"):
+        llm.Engine(model, max_batch=1, max_len=97)
     before = engine.clock
     engine.wait_until(before + 5)
     assert engine.clock >= before + 5
@@ -316,3 +318,28 @@ def test_tiny_gpt_trains_and_caches(tmp_path, monkeypatch):
     assert list((tmp_path / "llm").glob("tinygpt_*.pt"))
     for p, p2 in zip(model.parameters(), again.parameters(), strict=True):
         assert torch.equal(p, p2)
+
+
+def test_lab08_checks_explain_wrong_answers(tmp_path, monkeypatch):
+    from utils.checks import lab08
+    from utils.labs import LabCheckFailed
+
+    monkeypatch.setenv("WORKBOOK_BUILD_DIR", str(tmp_path))
+    model, tok = llm.tiny_gpt(0, progress=False, d_model=32, n_heads=2, n_layers=1, d_ff=64, max_len=256)
+
+    def off_by_one(model, prompt, n_new):
+        return (llm.generate(model, prompt, n_new) + 1) % model.cfg.vocab_size
+
+    with pytest.raises(LabCheckFailed, match="differ from the reference from step 0"):
+        lab08.check_kv_cache(off_by_one, model, tok, max_len=40, rounds=1)
+    with pytest.raises(LabCheckFailed, match="of shape"):
+        lab08.check_kv_cache(lambda m, p, n: llm.generate(m, p, n)[0], model, tok, max_len=40, rounds=1)
+
+    def never_releases(engine, trace):
+        for slot, request in zip(engine.free_slots(), sorted(trace, key=lambda r: r.arrival), strict=False):
+            engine.wait_until(request.arrival)
+            engine.prefill(slot, request)
+        return trace
+
+    with pytest.raises(LabCheckFailed, match="did not get all their tokens"):
+        lab08.check_scheduler(never_releases, model, tok, n_requests=6, max_batch=2, rounds=1)

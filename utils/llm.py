@@ -40,7 +40,7 @@ __all__ = [
     "GPTConfig", "CharTokenizer", "TinyGPT", "Block", "corpus_text", "train", "tiny_gpt", "generate",
     "generate_cached", "forward_cached", "KVCache", "step_times", "verify_greedy", "kv_cache_bytes_per_token", "decode_step_bytes",
     "naive_attention", "tiled_attention", "peak_live_bytes", "sdpa_backend",
-    "Request", "make_trace", "fresh", "Engine", "run_static", "run_continuous", "summarize",
+    "Request", "make_trace", "fresh", "Engine", "decode_step_seconds", "run_static", "run_continuous", "summarize",
     "PagedKVCache", "reserved_slots", "Int8Linear", "quantize_int8", "linear_weight_bytes",
 ]
 
@@ -561,6 +561,8 @@ class Engine:
         self.model, self.max_batch = model, max_batch
         cfg = model.cfg
         self.max_len = max_len or cfg.max_len
+        if not 1 <= self.max_len <= cfg.max_len:
+            raise ValueError(f"the engine's max_len must lie in [1, {cfg.max_len}] (the model's positions), got {max_len}")
         dtype = model.tok_emb.weight.dtype
         shape = (max_batch, cfg.n_heads, self.max_len, cfg.head_dim)
         self.k = [torch.zeros(shape, dtype=dtype) for _ in range(cfg.n_layers)]
@@ -569,6 +571,7 @@ class Engine:
         self.last = torch.zeros(max_batch, dtype=torch.long)  # the last token of each slot (the next step's input)
         self.slot_request: dict[int, Request] = {}
         self.steps: list[tuple[str, int, float, float]] = []  # (kind, slots, start, end) on the clock
+        self.occupancy: list[list[int]] = []  # at each decode step: the length of every busy slot's sequence
         self.wasted_slot_steps = 0
         self._t0 = time.perf_counter()
         self._skipped = 0.0
@@ -659,6 +662,7 @@ class Engine:
             if request.done:
                 request.t_done = now
         self.steps.append(("decode", len(slots), start, now))
+        self.occupancy.append(self.lengths[sorted(self.slot_request)].tolist())
         return out
 
     def release(self, slot: int) -> Request:
@@ -668,6 +672,16 @@ class Engine:
             raise ValueError(f"slot {slot} holds no request")
         self.lengths[slot] = 0
         return self.slot_request.pop(slot)
+
+
+def decode_step_seconds(model: TinyGPT, max_batch: int, *, prompt_len: int = 16, steps: int = 32) -> float:
+    """Median seconds of one engine decode step with every slot busy (sets a trace's arrival rate; lesson 08)."""
+    engine = Engine(model, max_batch, max_len=min(model.cfg.max_len, prompt_len + steps + 2))
+    for slot in range(max_batch):
+        engine.prefill(slot, Request(slot, 0.0, torch.zeros(prompt_len, dtype=torch.long), steps + 2))
+    for _ in range(steps):
+        engine.decode(list(range(max_batch)))
+    return float(torch.tensor([end - start for kind, _, start, end in engine.steps if kind == "decode"]).median())
 
 
 def run_static(engine: Engine, trace: Sequence[Request]) -> list[Request]:
