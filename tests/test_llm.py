@@ -195,6 +195,7 @@ def test_schedulers_finish_every_request_with_the_reference_tokens(schedule):
     stats = llm.summarize(trace, engine)
     assert stats["tokens"] == sum(r.max_new for r in trace)
     assert stats["prefill_steps"] == len(trace)
+    assert sum(engine.useful) == stats["tokens"] - len(trace)  # every decode token that counted, once
     assert not engine.slot_request and stats["throughput_tok_s"] > 0
     if schedule is llm.run_continuous:
         assert engine.wasted_slot_steps == 0
@@ -343,3 +344,13 @@ def test_lab08_checks_explain_wrong_answers(tmp_path, monkeypatch):
 
     with pytest.raises(LabCheckFailed, match="did not get all their tokens"):
         lab08.check_scheduler(never_releases, model, tok, n_requests=6, max_batch=2, rounds=1)
+
+
+@pytest.mark.parametrize("steps", [1, 2, 10])
+def test_train_runs_any_number_of_steps(steps):
+    model = _model()
+    data = torch.randint(0, 23, (200,), generator=torch.Generator().manual_seed(0))
+    losses = llm.train(model, data, steps, batch=2, ctx=16, progress=False)
+    assert len(losses) == steps and all(math.isfinite(x) for x in losses)
+    with pytest.raises(ValueError, match="longer than ctx"):
+        llm.train(model, data[:10], 1, ctx=16, progress=False)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import csv
 import hashlib
+import inspect
 import math
 import time
 import weakref
@@ -188,7 +189,9 @@ def train(model: TinyGPT, data: torch.Tensor, steps: int, *, batch: int = 16, ct
         raise ValueError(f"ctx {ctx} exceeds the model's max_len {model.cfg.max_len}")
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=max(steps, 1), pct_start=0.1)
+    warm = max(1, steps // 10)  # linear warm-up over a tenth of the steps, then a cosine decay
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda i: min(1.0, (i + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(i, steps) / max(steps, 1))))
     losses = []
     model.train()
     steps_iter = range(steps)
@@ -218,7 +221,8 @@ def tiny_gpt(steps: int = 300, *, seed: int = 0, cache: bool = True, progress: b
     text = corpus_text()
     tok = CharTokenizer(text)
     cfg = GPTConfig(vocab_size=tok.vocab_size, **sizes)
-    key = hashlib.sha256(repr((asdict(cfg), steps, seed, torch.__version__, text)).encode()).hexdigest()[:12]
+    recipe = inspect.getsource(train)  # a change to the training code trains afresh
+    key = hashlib.sha256(repr((asdict(cfg), steps, seed, torch.__version__, text, recipe)).encode()).hexdigest()[:12]
     path = env.build_dir() / "llm" / f"tinygpt_{key}.pt"
     torch.manual_seed(seed)
     model = TinyGPT(cfg)
@@ -234,6 +238,16 @@ def tiny_gpt(steps: int = 300, *, seed: int = 0, cache: bool = True, progress: b
             torch.save({"state_dict": model.state_dict(), "losses": torch.tensor(model.train_losses)}, tmp)
             tmp.replace(path)
     return model.eval(), tok
+
+
+def warmup() -> str:
+    """`make warmup`: train lesson 08's model once (full-mode steps) so the lesson and its lab load cached weights."""
+    path_before = set((env.build_dir() / "llm").glob("tinygpt_*.pt"))
+    t0 = time.perf_counter()
+    model, _ = tiny_gpt(300, progress=False)
+    new = set((env.build_dir() / "llm").glob("tinygpt_*.pt")) - path_before
+    how = "trained and cached" if new else "found in cache"
+    return f"TinyGPT weights {how} ({time.perf_counter() - t0:.0f} s, final loss {model.train_losses[-1]:.2f})"
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -572,6 +586,7 @@ class Engine:
         self.slot_request: dict[int, Request] = {}
         self.steps: list[tuple[str, int, float, float]] = []  # (kind, slots, start, end) on the clock
         self.occupancy: list[list[int]] = []  # at each decode step: the length of every busy slot's sequence
+        self.useful: list[int] = []  # at each decode step: how many slots produced a token someone wanted
         self.wasted_slot_steps = 0
         self._t0 = time.perf_counter()
         self._skipped = 0.0
@@ -653,6 +668,7 @@ class Engine:
         self.last[idx] = tokens
         now = self.clock
         out = tokens.tolist()
+        self.useful.append(sum(not self.slot_request[s].done for s in slots))
         for s, t in zip(slots, out, strict=True):
             request = self.slot_request[s]
             if request.done:

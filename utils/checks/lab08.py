@@ -18,7 +18,7 @@ MIN_BATCHING_GAIN = 1.2  # continuous over static throughput; the lesson measure
 
 def lab_model(smoke: bool):
     """(model, tokenizer): the lesson's TinyGPT (its cached weights when lesson 08 ran in the same mode)."""
-    return llm.tiny_gpt(20 if smoke else 300)
+    return llm.tiny_gpt(10 if smoke else 300)
 
 
 def _prompts(tok):
