@@ -44,7 +44,7 @@ OPTIONAL_PACKAGES = {
 SUPPORTED_PYTHON = ((3, 10), (3, 12))  # the course environment pins 3.11; your own environment may use any of these
 LESSONS = {
     "00": "environment", "01": "inference modes", "02": "graphs", "03": "profiling and AMP", "04": "ONNX and TensorRT",
-    "05": "Triton ensemble", "06": "fused softmax", "07": "interview prep",
+    "05": "Triton ensemble", "06": "fused softmax", "07": "interview prep", "08": "LLM inference",
 }
 
 

@@ -24,6 +24,7 @@ LESSON_TITLES = {
     "05_triton_ensemble": "A Triton ensemble",
     "06_fused_softmax": "A fused softmax kernel",
     "07_interview_prep": "Interview prep",
+    "08_llm_inference": "Inside LLM inference",
 }
 
 _ID_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
