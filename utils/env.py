@@ -68,6 +68,7 @@ OPTIONAL_SECTIONS: dict[str, tuple[str, str]] = {
     "05.model-config": ("tritonclient", "config.pbtxt through Triton's protobuf schema and the model repository"),
     "05.triton": ("tritonserver", "the Triton ensemble, load tests and hardening"),
     "05.gpu-instances": ("cuda", "Triton KIND_GPU instances and a GPU encoder"),
+    "05.k8s-manifest": ("kubernetes_validate", "the Kubernetes manifest checked against the bundled Kubernetes schema"),
     "06.cpu-kernel": ("cxx", "build the C++ softmax extension"),
     "06.cuda-kernel": ("cuda+nvcc", "build and run the CUDA softmax kernel"),
     "06.cuda-compile-check": ("nvcc", "compile-check the .cu source with nvcc"),
@@ -253,6 +254,7 @@ def capabilities() -> dict[str, Capability]:
         "onnxruntime": _module("onnxruntime", "onnxruntime (or onnxruntime-gpu)"),
         "onnxruntime_extensions": _module("onnxruntime_extensions", "onnxruntime-extensions"),
         "tritonclient": _module("tritonclient", "tritonclient[all]"),
+        "kubernetes_validate": _module("kubernetes_validate", "kubernetes-validate"),
     }
     tf2onnx = _module("tf2onnx", "tf2onnx")
     caps["tf2onnx"] = Capability("tf2onnx", caps["tensorflow"].available and tf2onnx.available,
