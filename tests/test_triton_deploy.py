@@ -52,7 +52,7 @@ def test_repository_digest_follows_content(repo):
 def test_manifest_is_valid_and_says_what_the_repository_needs(repo):
     pytest.importorskip("kubernetes_validate")
     docs = td.k8s_manifest(repo, name="ens", replicas=3, cpu=2, memory_mib=700.2, image="img:1", startup_seconds=42,
-                           server_args=["--disable-auto-complete-config"])
+                           shm_mib=64, server_args=["--disable-auto-complete-config"])
     deployment, service = docs
     assert td.validate_manifest(docs) == ["Deployment/ens", "Service/ens"]
     assert td.validate_manifest(td.to_yaml(docs)) == ["Deployment/ens", "Service/ens"]  # the YAML text too
@@ -62,12 +62,13 @@ def test_manifest_is_valid_and_says_what_the_repository_needs(repo):
     assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert container["startupProbe"]["failureThreshold"] * container["startupProbe"]["periodSeconds"] >= 42
     assert container["resources"]["requests"] == container["resources"]["limits"] == {"cpu": "2000m",
-                                                                                      "memory": "701Mi"}
+                                                                                      "memory": "765Mi"}
     assert "--model-control-mode=none" in container["args"] and "--disable-auto-complete-config" in container["args"]
     assert pod["metadata"]["annotations"]["workbook/models"] == "encoder,ensemble,postprocess,preprocess"
     assert pod["metadata"]["labels"]["workbook/repository-digest"] == td.repository_digest(repo)
     assert service["spec"]["type"] == "ClusterIP" and service["spec"]["selector"] == deployment["spec"]["selector"][
         "matchLabels"]
+    assert pod["spec"]["volumes"][0]["emptyDir"] == {"medium": "Memory", "sizeLimit": "64Mi"}  # inside the limit
     assert "&id" not in td.to_yaml(docs)  # no YAML anchors: each mapping written out
 
 

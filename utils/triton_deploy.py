@@ -77,8 +77,9 @@ def k8s_manifest(
 
     The repository is expected inside `image` at /models (an image built FROM TRITON_IMAGE with the repository copied
     in, tagged by repository_digest). Read from the repository: the models served (pod annotation) and its digest
-    (label, so a changed repository rolls the pods). Resources: `cpu` cores and `memory_mib` per replica, requests
-    equal to limits (a Guaranteed pod, so a replica gets the cores its throughput was measured with). Readiness:
+    (label, so a changed repository rolls the pods). Resources: `cpu` cores and `memory_mib` for the processes plus
+    `shm_mib` for /dev/shm (a memory-backed volume counts against the limit) per replica, requests equal to limits (a
+    Guaranteed pod, so a replica gets the cores its throughput was measured with). Readiness:
     /v2/health/ready, true once every model loaded; liveness: /v2/health/live; a startup probe allows
     `startup_seconds` to load. /dev/shm is a memory volume: the Python backend moves tensors through shared memory.
     """
@@ -93,7 +94,7 @@ def k8s_manifest(
         raise ValueError(f"cpu and memory_mib must be positive, got cpu={cpu!r}, memory_mib={memory_mib!r}")
     digest = repository_digest(repo)
     labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/component": "triton"}
-    resources = {"cpu": f"{math.ceil(cpu * 1000)}m", "memory": _quantity_mi(memory_mib)}
+    resources = {"cpu": f"{math.ceil(cpu * 1000)}m", "memory": _quantity_mi(memory_mib + shm_mib)}
 
     def probe(path: str, period: int, failures: int) -> dict:
         return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period, "failureThreshold": failures}
