@@ -229,8 +229,12 @@ def test_load_counts_checks_and_bounds(served):
     before = triton.model_statistics(server.grpc_url, "postprocess")
     metrics_before = triton.scrape_metrics(server.metrics_url)
     r = load.run_load(server.grpc_url, "postprocess", requests, expected=expected, concurrency=4, max_requests=40,
-                      warmup=4)
+                      warmup=4, snapshot=lambda: triton.model_statistics(server.grpc_url, "postprocess"))
     assert (r.requests, r.failed, r.wrong) == (40, 0, 0)
+    window_before, window_after = r.snapshots  # taken around the measured window: the warm-up is outside it
+    assert window_after["inference_count"] - window_before["inference_count"] == 40
+    assert window_before["inference_count"] - before["inference_count"] == 4
+    assert r.client_cpu_s > 0
     assert r.throughput > 0 and r.p50 <= r.p95 <= r.p99
     after = triton.model_statistics(server.grpc_url, "postprocess")
     assert after["inference_count"] - before["inference_count"] == 44  # warm-up included
