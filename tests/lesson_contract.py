@@ -36,7 +36,9 @@ REQUIRED_METRICS = {
     "05_triton_ensemble": [
         "dynamic_batching_throughput_gain", "p95_ms_batching", "p95_ms_no_batching", "ensemble_parity_max_abs",
         "bad_requests_rejected", "healthy_after_bad_requests", "load_requests", "load_requests_failed_or_wrong",
-        "bound_to_loopback_only", "mean_batch_size_formed",
+        "bound_to_loopback_only", "mean_batch_size_formed", "batching_gain_upper_bound", "batching_gain_vs_upper_bound",
+        "sweep_winner", "sweep_p95_budget_ms", "first_request_ms_cold", "first_request_ms_warm",
+        "response_cache_available", "replicas_needed", "k8s_manifest_valid", "server_and_stubs_gone",
     ],
     "06_fused_softmax": [
         "softmax_speedup_vs_torch_geomean", "softmax_speedup_vs_naive_geomean", "softmax_best_fraction_of_copy_bw",
@@ -61,4 +63,5 @@ SECTION_METRICS = {
     "04.ort-custom-op": ["custom_op_ort_parity_max_abs"],
     "05.model-config": REQUIRED_METRICS["05_triton_ensemble"],
     "05.triton": REQUIRED_METRICS["05_triton_ensemble"],
+    "05.k8s-manifest": ["k8s_manifest_valid"],
 }

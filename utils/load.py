@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,6 +63,8 @@ class LoadResult:
     seconds: float
     latencies_ms: list[float] = field(repr=False, default_factory=list)
     errors: list[str] = field(repr=False, default_factory=list)  # the first few messages, for diagnosis
+    client_cpu_s: float = 0.0  # CPU time of this process (the client) during the measured window, warm-up excluded
+    snapshots: tuple = field(repr=False, default=(None, None))  # snapshot() right before and after that window
 
     @property
     def ok(self) -> int:
@@ -102,7 +104,10 @@ def _matches(got, want, atol: float, rtol: float) -> bool:
     if got is None or got.shape != want.shape:
         return False
     if want.dtype == object or want.dtype.kind in "SU":
-        return bool(np.array_equal(got.astype(object), want.astype(object)))
+        return got.tolist() == want.tolist()
+    with np.errstate(invalid="ignore"):  # the cheap test first (a few us); np.allclose decides what it cannot (inf, nan)
+        if (np.abs(got - want) <= atol + rtol * np.abs(want)).all():
+            return True
     return bool(np.allclose(got, want, atol=atol, rtol=rtol))
 
 
@@ -128,7 +133,7 @@ def _triton_dtype(array) -> str:
     return "BYTES" if array.dtype == object else np_to_triton_dtype(array.dtype)
 
 
-async def _drive(url, model, requests, expected, concurrency, max_requests, max_seconds, atol, rtol, timeout_s,
+async def _drive(client, model, requests, expected, concurrency, max_requests, max_seconds, atol, rtol, timeout_s,
                  model_version):
     import tritonclient.grpc.aio as grpcclient
     from tritonclient.utils import InferenceServerException
@@ -170,11 +175,28 @@ async def _drive(url, model, requests, expected, concurrency, max_requests, max_
                     if len(errors) < 5:
                         errors.append(f"request {i}: output(s) {bad} differ from the expected values")
 
-    async with grpcclient.InferenceServerClient(url) as client:
-        t0 = time.perf_counter()
-        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
-        seconds = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+    seconds = time.perf_counter() - t0
     return latencies, errors, counts, seconds
+
+
+async def _run(url, model, requests, expected, concurrency, max_requests, max_seconds, atol, rtol, timeout_s,
+               model_version, warmup, snapshot):
+    """Warm-up, then the measured window, on one connection; CPU time and snapshots bracket only the window."""
+    import tritonclient.grpc.aio as grpcclient
+
+    async with grpcclient.InferenceServerClient(url) as client:
+        if warmup:
+            await _drive(client, model, requests, None, min(concurrency, warmup), warmup, max_seconds, atol, rtol,
+                         timeout_s, model_version)
+        before = snapshot() if snapshot else None
+        cpu0 = time.process_time()
+        out = await _drive(client, model, requests, expected, concurrency, max_requests, max_seconds, atol, rtol,
+                           timeout_s, model_version)
+        cpu1 = time.process_time()
+        after = snapshot() if snapshot else None
+    return (*out, cpu1 - cpu0, (before, after))
 
 
 def run_load(
@@ -192,13 +214,17 @@ def run_load(
     timeout_s: float = 30.0,
     model_version: str = "",
     label: str = "",
+    snapshot: Callable[[], object] | None = None,
 ) -> LoadResult:
     """Send requests to `model` at gRPC `url` (127.0.0.1 only) with `concurrency` in flight (lesson 05).
 
     requests: [{input name: numpy array with the batch dimension}], sent round-robin. expected: the outputs each
     request must return ({output name: array}; strings compared exactly, numbers with atol/rtol), or None to count
     only errors. The run ends after max_requests responses or max_seconds, whichever is first; warmup requests are sent
-    first and not counted. Runs its own event loop in a helper thread, so it works inside Jupyter too.
+    first, on the same connection, and not counted. The result's client_cpu_s is this process's CPU time during the
+    measured window only, and snapshot (e.g. a server's cpu_seconds) is called right before and after that window:
+    the result's snapshots, so that per-request costs leave out connection set-up and warm-up. Runs its own event loop
+    in a helper thread, so it works inside Jupyter too.
     """
     check_loopback(url)
     _validate(requests, expected)
@@ -212,11 +238,8 @@ def run_load(
 
     def target():
         try:
-            if warmup:
-                asyncio.run(_drive(url, model, requests, None, min(concurrency, warmup), warmup, max_seconds, atol,
-                                   rtol, timeout_s, model_version))
-            box["out"] = asyncio.run(_drive(url, model, requests, expected, concurrency, max_requests, max_seconds,
-                                            atol, rtol, timeout_s, model_version))
+            box["out"] = asyncio.run(_run(url, model, requests, expected, concurrency, max_requests, max_seconds, atol,
+                                          rtol, timeout_s, model_version, warmup, snapshot))
         except BaseException as exc:  # re-raised in the caller's thread below
             box["error"] = exc
 
@@ -225,9 +248,10 @@ def run_load(
     thread.join()
     if "error" in box:
         raise box["error"]
-    latencies, errors, counts, seconds = box["out"]
+    latencies, errors, counts, seconds, cpu_s, snapshots = box["out"]
     return LoadResult(label=label or model, concurrency=concurrency, requests=len(latencies), failed=counts["failed"],
-                      wrong=counts["wrong"], seconds=seconds, latencies_ms=latencies, errors=errors)
+                      wrong=counts["wrong"], seconds=seconds, latencies_ms=latencies, errors=errors, client_cpu_s=cpu_s,
+                      snapshots=snapshots)
 
 
 def perf_analyzer_status() -> tuple[bool, str]:

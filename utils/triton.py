@@ -10,6 +10,8 @@ carries the tail of the server log, where Triton says which model failed to load
 
 The wheel's tritonserver has only the Python backend. ``backend_dir()`` assembles the backend folder Triton expects
 (libtriton_python.so, triton_python_backend_utils.py and the stub built for the running Python version).
+It also ships one response-cache implementation, ``caches/local``; ``response_cache_status()`` says whether it is
+there, and ``TritonServer(..., response_cache_bytes=N)`` points the server at it.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ __all__ = [
     "TritonServerError",
     "TritonServer",
     "backend_dir",
+    "response_cache_status",
     "free_port",
     "server_env",
     "is_loopback",
@@ -75,6 +78,22 @@ def backend_dir() -> Path:
             link.unlink()
         link.symlink_to(src)
     return dest.parent
+
+
+def response_cache_status() -> tuple[bool, str]:
+    """(usable, reason) for Triton's response cache with the bundled server (lesson 05).
+
+    The server loads a cache implementation as a shared library from <cache directory>/<name>/libtritoncache_<name>.so;
+    the wheel ships ``local`` (an in-process memory pool) and no ``redis``.
+    """
+    try:
+        root = _pytriton_root()
+    except TritonServerError as exc:
+        return False, str(exc)
+    lib = root / "caches" / "local" / "libtritoncache_local.so"
+    if not lib.is_file():
+        return False, f"this tritonserver ships no cache implementation ({lib} is missing)"
+    return True, f"the 'local' cache implementation: {lib}"
 
 
 def server_env() -> dict:
@@ -127,6 +146,7 @@ class TritonServer:
         log_verbose: int = 0,
         extra_args: list[str] | None = None,
         name: str = "tritonserver",
+        response_cache_bytes: int | None = None,
     ):
         self.model_repository = Path(model_repository).resolve()
         if not self.model_repository.is_dir():
@@ -134,6 +154,13 @@ class TritonServer:
         self.startup_timeout = startup_timeout
         self.log_verbose = log_verbose
         self.extra_args = list(extra_args or [])
+        if response_cache_bytes is not None:
+            ok, reason = response_cache_status()
+            if not ok:
+                raise TritonServerError(f"response cache asked for, but {reason}")
+            if not isinstance(response_cache_bytes, int) or response_cache_bytes <= 0:
+                raise ValueError(f"response_cache_bytes must be a positive int, got {response_cache_bytes!r}")
+        self.response_cache_bytes = response_cache_bytes
         self.log_path = env.build_dir() / "triton" / f"{name}.log"
         self.http_port = self.grpc_port = self.metrics_port = None
         self.process: subprocess.Popen | None = None
@@ -172,8 +199,15 @@ class TritonServer:
             "--allow-metrics=true",
             f"--log-verbose={self.log_verbose}",
             "--exit-timeout-secs=10",
+            *self._cache_args(),
             *self.extra_args,
         ]
+
+    def _cache_args(self) -> list[str]:
+        if self.response_cache_bytes is None:
+            return []
+        return [f"--cache-directory={_pytriton_root() / 'caches'}",
+                f"--cache-config=local,size={self.response_cache_bytes}"]
 
     def log_tail(self, lines: int = 40) -> str:
         try:
@@ -249,6 +283,22 @@ class TritonServer:
         except psutil.NoSuchProcess:
             return []
 
+    def _per_model(self, read) -> dict[str, float]:
+        """{"tritonserver": x, <model name>: x, ...}: read(process) summed per model; a stub is named by its model.py."""
+        import psutil
+
+        out: dict[str, float] = {}
+        for proc in self.processes():
+            try:
+                args = proc.cmdline()
+                value = read(proc)
+            except psutil.NoSuchProcess:  # a stub that exited between listing and reading
+                continue
+            model_py = next((a for a in args[1:] if a.endswith("/model.py")), None)
+            name = Path(model_py).parent.parent.name if model_py else "tritonserver"
+            out[name] = out.get(name, 0.0) + value
+        return out
+
     def cpu_seconds(self) -> dict[str, float]:
         """CPU seconds (user + system) used so far: {"tritonserver": s, <model name>: s, ...} (lesson 05).
 
@@ -256,19 +306,15 @@ class TritonServer:
         (<repository>/<model>/<version>/model.py); a model's instances are summed. Take two snapshots around a load
         run and subtract them to see where the server's work went.
         """
-        import psutil
+        return self._per_model(lambda p: sum(p.cpu_times()[:2]))
 
-        out: dict[str, float] = {}
-        for proc in self.processes():
-            try:
-                args = proc.cmdline()
-                times = proc.cpu_times()
-            except psutil.NoSuchProcess:  # a stub that exited between listing and reading
-                continue
-            model_py = next((a for a in args[1:] if a.endswith("/model.py")), None)
-            name = Path(model_py).parent.parent.name if model_py else "tritonserver"
-            out[name] = out.get(name, 0.0) + times.user + times.system
-        return out
+    def memory_mib(self) -> dict[str, float]:
+        """Resident memory (RSS, MiB) now, named as cpu_seconds() names CPU time (lesson 05).
+
+        RSS counts a shared library in every process that maps it, so the sum over-states the total a little: the
+        safe side for a memory limit.
+        """
+        return self._per_model(lambda p: p.memory_info().rss / 2**20)
 
     def listening_addresses(self) -> list[tuple[str, int]]:
         """(ip, port) of every socket the server process listens on."""
@@ -307,19 +353,23 @@ def is_loopback(ip: str) -> bool:
 def model_statistics(grpc_url: str, model: str, version: str = "") -> dict:
     """Triton's statistics extension for one model as a dict (summed over its loaded versions) (lesson 05).
 
-    Keys: inference_count, execution_count, queue_ns, compute_ns, and batches {batch size: executions}.
+    Keys: inference_count, execution_count, queue_ns, compute_ns, cache_hits, cache_misses, and batches
+    {batch size: executions}.
     """
     import tritonclient.grpc as grpcclient
 
     with grpcclient.InferenceServerClient(grpc_url) as client:
         raw = client.get_inference_statistics(model, version, as_json=True)
-    out = {"inference_count": 0, "execution_count": 0, "queue_ns": 0, "compute_ns": 0, "batches": {}}
+    out = {"inference_count": 0, "execution_count": 0, "queue_ns": 0, "compute_ns": 0, "cache_hits": 0,
+           "cache_misses": 0, "batches": {}}
     for stats in raw.get("model_stats", []):
         out["inference_count"] += int(stats.get("inference_count", 0))
         out["execution_count"] += int(stats.get("execution_count", 0))
         inf = stats.get("inference_stats", {})
         out["queue_ns"] += int(inf.get("queue", {}).get("ns", 0))
         out["compute_ns"] += sum(int(inf.get(k, {}).get("ns", 0)) for k in ("compute_input", "compute_infer", "compute_output"))
+        out["cache_hits"] += int(inf.get("cache_hit", {}).get("count", 0))
+        out["cache_misses"] += int(inf.get("cache_miss", {}).get("count", 0))
         for b in stats.get("batch_stats", []):
             size = int(b["batch_size"])
             out["batches"][size] = out["batches"].get(size, 0) + int(b["compute_infer"]["count"])

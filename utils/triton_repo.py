@@ -17,6 +17,10 @@ The lesson's pipeline is three Python-backend models and an ensemble that chains
 - postprocess: mean pooling, L2 normalisation and a linear classifier whose weights live in the version folder
   (``classifier.npz``), so version 1 and version 2 can be different classifiers served side by side.
 
+The three programs are real files of this package (``utils/triton_models/<name>/model.py``), linted and tested like
+the rest; ``model_source`` reads one, the repository gets a copy, and ``function_source`` prints a method of the copy
+the server runs (the lesson shows the encoder's ``execute()`` that way).
+
 Tensor names of the encoder are the ONNX graph's own (input_ids, attention_mask, token_type_ids, last_hidden_state),
 so the ensemble is the same whichever encoder serves it.
 """
@@ -28,13 +32,16 @@ import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from utils.triton_models import model_file
+
 __all__ = [
     "DTYPES",
     "HIDDEN_SIZE",
-    "PREPROCESS_PY",
-    "ENCODER_PY",
-    "POSTPROCESS_PY",
+    "ENCODER_INPUTS",
+    "model_source",
+    "function_source",
     "tensor",
+    "warmup_sample",
     "model_config",
     "ensemble_config",
     "to_pbtxt",
@@ -48,10 +55,12 @@ __all__ = [
     "pipeline_config",
     "write_encoder",
     "build_pipeline",
+    "encoder_variant",
     "repository_configs",
 ]
 
 HIDDEN_SIZE = 384  # MiniLM-L6's hidden size
+ENCODER_INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # the ONNX graph's own input names
 
 # short names -> Triton's DataType enum names
 DTYPES = {
@@ -110,12 +119,16 @@ def model_config(
     gpus: Sequence[int] | None = None,
     version_policy: str | Sequence[int] | None = None,
     parameters: Mapping[str, object] | None = None,
+    warmup: Sequence[Mapping] | None = None,
+    response_cache: bool = False,
 ):
     """A ModelConfig message for one model (lesson 05).
 
     dynamic_batching: None/False = off; True = on with Triton's defaults; a mapping with preferred_batch_size (list)
     and/or max_queue_delay_microseconds. version_policy: None (Triton's default, the latest version), "all",
     "latest:N" or a list of version numbers (specific). parameters: string key/values the model reads in initialize().
+    warmup: model_warmup samples (see warmup_sample) the server runs through each instance before it reports ready.
+    response_cache: cache whole responses keyed by the request's inputs (the server needs --cache-config).
     """
     mc = _mc()
     if not isinstance(max_batch_size, int) or max_batch_size < 0:
@@ -162,8 +175,48 @@ def model_config(
         _set_version_policy(cfg, version_policy)
     for key, value in (parameters or {}).items():
         cfg.parameters[key].string_value = str(value)
+    _add_warmup(cfg, warmup)
+    if response_cache:
+        cfg.response_cache.enable = True
     return cfg
 
+
+def warmup_sample(name: str, inputs: Sequence, *, batch_size: int = 1, count: int = 1) -> dict:
+    """One model_warmup entry: `batch_size` rows of zeros for each (name, dtype, dims) input, run `count` times (lesson 05).
+
+    dims are concrete (no -1): a warm-up request is a real request. Zeros are valid token ids ([PAD]) and masks, so the
+    encoder runs its real code path; what warm-up buys is the first execution's one-off costs paid before serving.
+    """
+    if not isinstance(batch_size, int) or batch_size < 1 or not isinstance(count, int) or count < 1:
+        raise ValueError(f"warm-up {name!r}: batch_size and count must be positive ints, got {batch_size!r}, {count!r}")
+    specs = [tensor(*spec) for spec in inputs]
+    variable = [n for n, _, dims in specs if -1 in dims]
+    if variable:
+        raise ValueError(f"warm-up {name!r}: inputs {variable} have a variable (-1) dimension; give concrete dims")
+    return {"name": name, "batch_size": batch_size, "count": count, "inputs": specs}
+
+
+def _add_warmup(cfg, samples) -> None:
+    mc = _mc()
+    names = {t.name for t in cfg.input}
+    for sample in samples or []:
+        if not isinstance(sample, Mapping) or set(sample) != {"name", "batch_size", "count", "inputs"}:
+            raise ValueError(f"{cfg.name}: each warm-up is a warmup_sample(...) dict, got {sample!r}")
+        if cfg.max_batch_size == 0 and sample["batch_size"] != 1:
+            raise ValueError(f"{cfg.name}: warm-up batch_size must be 1 for a model without a batch dimension")
+        if sample["batch_size"] > max(cfg.max_batch_size, 1):
+            raise ValueError(f"{cfg.name}: warm-up batch_size {sample['batch_size']} exceeds max_batch_size "
+                             f"{cfg.max_batch_size}")
+        given = {n for n, _, _ in sample["inputs"]}
+        if given != names:
+            raise ValueError(f"{cfg.name}: warm-up {sample['name']!r} must give every input {sorted(names)}, "
+                             f"got {sorted(given)}")
+        w = cfg.model_warmup.add(name=sample["name"], batch_size=sample["batch_size"], count=sample["count"])
+        for name, dtype, dims in sample["inputs"]:
+            data = w.inputs[name]
+            data.data_type = mc.DataType.Value(dtype)
+            data.dims.extend(dims)
+            data.zero_data = True
 
 def _set_version_policy(cfg, policy) -> None:
     if policy == "all":
@@ -178,15 +231,19 @@ def _set_version_policy(cfg, policy) -> None:
         raise ValueError(f"version_policy must be 'all', 'latest:N' or a list of positive version numbers, got {policy!r}")
 
 
-def ensemble_config(name: str, *, inputs: Sequence, outputs: Sequence, steps: Sequence[Mapping], max_batch_size: int):
+def ensemble_config(name: str, *, inputs: Sequence, outputs: Sequence, steps: Sequence[Mapping], max_batch_size: int,
+                    response_cache: bool = False):
     """A ModelConfig with platform "ensemble" (lesson 05).
 
     steps: [{"model": name, "version": -1, "input_map": {model_input: ensemble_tensor},
     "output_map": {model_output: ensemble_tensor}}, ...]. Every ensemble input must feed a step and every ensemble
     output must come from one; checked here with the tensor names, since Triton would only say so at load time.
+    response_cache: a request whose inputs the server has seen is answered from the cache, no step runs.
     """
     mc = _mc()
     cfg = mc.ModelConfig(name=name, platform="ensemble", max_batch_size=max_batch_size)
+    if response_cache:
+        cfg.response_cache.enable = True
     _fill_tensors(cfg.input, inputs, "input")
     _fill_tensors(cfg.output, outputs, "output")
     if not steps:
@@ -296,140 +353,33 @@ def write_classifier(path: str | os.PathLike, weight, bias, labels: Sequence[str
 # the lesson's pipeline
 # ---------------------------------------------------------------------------------------------------------------------
 
-PREPROCESS_PY = '''\
-"""preprocess: UTF-8 text -> MiniLM token ids, padded to a fixed length (generated by utils.triton_repo)."""
-import json
-import os
-
-import numpy as np
-import triton_python_backend_utils as pb_utils
-from tokenizers import Tokenizer
+def model_source(model: str) -> str:
+    """The text of utils/triton_models/<model>/model.py ("preprocess", "encoder" or "postprocess") (lesson 05)."""
+    return model_file(model).read_text()
 
 
-class TritonPythonModel:
-    def initialize(self, args):
-        params = {k: v["string_value"] for k, v in json.loads(args["model_config"]).get("parameters", {}).items()}
-        self.seq_len = int(params["seq_len"])
-        self.max_text_bytes = int(params["max_text_bytes"])
-        folder = os.path.join(args["model_repository"], args["model_version"])
-        self.tokenizer = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
-        self.tokenizer.enable_truncation(max_length=self.seq_len)
-        self.tokenizer.enable_padding(length=self.seq_len, pad_id=0, pad_token="[PAD]")
+def function_source(path: str | os.PathLike, qualname: str) -> str:
+    """The source of one function or method (e.g. "TritonPythonModel.execute") in a Python file (lesson 05).
 
-    def _texts(self, request):
-        raw = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy().reshape(-1)
-        texts = []
-        for item in raw:
-            data = item if isinstance(item, bytes) else str(item).encode()
-            if len(data) > self.max_text_bytes:
-                raise ValueError(f"TEXT is {len(data)} bytes; this model accepts at most {self.max_text_bytes}")
-            texts.append(data.decode("utf-8"))  # invalid UTF-8 raises UnicodeDecodeError: a clear client error
-        return texts
+    Read from the file with ``ast`` rather than imported: a model.py imports triton_python_backend_utils, which exists
+    only inside the server's stub, and the lesson prints the very copy the server runs.
+    """
+    import ast
 
-    def execute(self, requests):
-        # one tokenizer call for every text of every request Triton batched into this execute()
-        texts, spans, responses = [], [], [None] * len(requests)
-        for i, request in enumerate(requests):
-            try:
-                mine = self._texts(request)
-            except (ValueError, UnicodeDecodeError) as exc:
-                error = pb_utils.TritonError(f"preprocess: {exc}", pb_utils.TritonError.INVALID_ARG)  # HTTP 400
-                responses[i] = pb_utils.InferenceResponse(error=error)
-                continue
-            spans.append((i, len(texts), len(texts) + len(mine)))
-            texts.extend(mine)
-        if texts:
-            encoded = self.tokenizer.encode_batch(texts)
-            ids = np.array([e.ids for e in encoded], dtype=np.int64)
-            mask = np.array([e.attention_mask for e in encoded], dtype=np.int64)
-            types = np.zeros_like(ids)
-            for i, a, b in spans:
-                responses[i] = pb_utils.InferenceResponse(output_tensors=[
-                    pb_utils.Tensor("input_ids", ids[a:b]),
-                    pb_utils.Tensor("attention_mask", mask[a:b]),
-                    pb_utils.Tensor("token_type_ids", types[a:b]),
-                ])
-        return responses
-'''
-
-ENCODER_PY = '''\
-"""encoder: MiniLM (ONNX) with ONNX Runtime inside the Python backend (generated by utils.triton_repo)."""
-import json
-import os
-
-import numpy as np
-import onnxruntime as ort
-import triton_python_backend_utils as pb_utils
-
-NAMES = ("input_ids", "attention_mask", "token_type_ids")
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        params = {k: v["string_value"] for k, v in json.loads(args["model_config"]).get("parameters", {}).items()}
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = int(params.get("intra_op_threads", "0"))
-        options.inter_op_num_threads = 1
-        if params.get("allow_spinning", "1") == "0":  # idle pool threads sleep instead of spinning on a core
-            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        options.log_severity_level = 3
-        if args["model_instance_kind"] == "GPU":
-            device = int(args["model_instance_device_id"])
-            providers = [("CUDAExecutionProvider", {"device_id": device}), "CPUExecutionProvider"]
-        else:
-            providers = ["CPUExecutionProvider"]
-        path = os.path.join(args["model_repository"], args["model_version"], "model.onnx")
-        self.session = ort.InferenceSession(path, options, providers=providers)
-
-    def execute(self, requests):
-        # requests Triton batched together have the same shape; concatenate them into one ONNX Runtime call
-        feeds = {n: [pb_utils.get_input_tensor_by_name(r, n).as_numpy() for r in requests] for n in NAMES}
-        sizes = [a.shape[0] for a in feeds["input_ids"]]
-        if len({a.shape[1] for a in feeds["input_ids"]}) == 1:
-            batch = {n: np.concatenate(v) for n, v in feeds.items()}
-            hidden = self.session.run(["last_hidden_state"], batch)[0]
-            parts = np.split(hidden, np.cumsum(sizes)[:-1])
-        else:  # different sequence lengths: one call per request
-            parts = [self.session.run(["last_hidden_state"], {n: feeds[n][i] for n in NAMES})[0]
-                     for i in range(len(requests))]
-        return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("last_hidden_state", p)]) for p in parts]
-'''
-
-POSTPROCESS_PY = '''\
-"""postprocess: mean pooling + L2 norm + a linear classifier from classifier.npz (generated by utils.triton_repo)."""
-import os
-
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        folder = os.path.join(args["model_repository"], args["model_version"])
-        with np.load(os.path.join(folder, "classifier.npz"), allow_pickle=False) as data:
-            self.weight = data["weight"].astype(np.float32)
-            self.bias = data["bias"].astype(np.float32)
-            self.labels = np.array([s.encode() for s in data["labels"].tolist()], dtype=object)
-
-    def _classify(self, hidden, mask):
-        mask = mask.astype(np.float32)[:, :, None]
-        pooled = (hidden * mask).sum(axis=1) / np.maximum(mask.sum(axis=1), 1e-9)
-        emb = pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
-        logits = (emb @ self.weight + self.bias).astype(np.float32)
-        return logits, self.labels[logits.argmax(axis=1)].reshape(-1, 1)
-
-    def execute(self, requests):
-        hidden = [pb_utils.get_input_tensor_by_name(r, "last_hidden_state").as_numpy() for r in requests]
-        masks = [pb_utils.get_input_tensor_by_name(r, "attention_mask").as_numpy() for r in requests]
-        if len({h.shape[1:] for h in hidden}) == 1:  # one vectorised pass over every request in this batch
-            logits, labels = self._classify(np.concatenate(hidden), np.concatenate(masks))
-            cuts = np.cumsum([h.shape[0] for h in hidden])[:-1]
-            parts = zip(np.split(logits, cuts), np.split(labels, cuts))
-        else:
-            parts = [self._classify(h, m) for h, m in zip(hidden, masks)]
-        return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("LOGITS", lg), pb_utils.Tensor("LABEL", lb)])
-                for lg, lb in parts]
-'''
+    path = Path(path)
+    text = path.read_text()
+    body, found = ast.parse(text).body, None
+    for part in qualname.split("."):
+        found = next((n for n in body if isinstance(n, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+                      and n.name == part), None)
+        if found is None:
+            raise ValueError(f"{path} defines no {qualname!r} (looked for {part!r})")
+        body = found.body
+    lines = text.splitlines()
+    first = min([found.lineno, *(d.lineno for d in found.decorator_list)])
+    block = lines[first - 1:found.end_lineno]
+    indent = min(len(ln) - len(ln.lstrip()) for ln in block if ln.strip())
+    return "\n".join(ln[indent:] for ln in block) + "\n"
 
 
 def preprocess_config(name: str = "preprocess", *, seq_len: int = 32, max_batch_size: int = 32, dynamic_batching=None,
@@ -447,18 +397,25 @@ def preprocess_config(name: str = "preprocess", *, seq_len: int = 32, max_batch_
 
 def encoder_config(name: str = "encoder", *, max_batch_size: int = 32, dynamic_batching=None, instance_count: int = 1,
                    intra_op_threads: int = 0, allow_spinning: bool = True, kind: str = "KIND_CPU", gpus=None,
-                   platform: bool = False):
+                   platform: bool = False, warmup_batch_sizes: Sequence[int] = (), seq_len: int | None = None):
     """ModelConfig of the MiniLM encoder (lesson 05).
 
     platform=False: the Python backend running ONNX Runtime (what this course's server can load). platform=True: the
     same tensors with platform "onnxruntime_onnx", which a full Triton container serves from model.onnx directly.
     intra_op_threads (0 = ONNX Runtime's default, one per physical core) and allow_spinning (False: idle pool threads
     sleep rather than spin, which matters when other processes share the cores) go to model.py as parameters.
+    warmup_batch_sizes: one model_warmup sample of zeros per batch size, at sequence length `seq_len`.
     """
+    warmup = []
+    if warmup_batch_sizes:
+        if not isinstance(seq_len, int) or seq_len < 1:
+            raise ValueError(f"{name}: warm-up needs the sequence length (seq_len=...), got {seq_len!r}")
+        warmup = [warmup_sample(f"zeros_batch_{b}", [(n, "INT64", [seq_len]) for n in ENCODER_INPUTS], batch_size=b)
+                  for b in warmup_batch_sizes]
     kwargs = dict(
         max_batch_size=max_batch_size, dynamic_batching=dynamic_batching, instance_count=instance_count, kind=kind,
-        gpus=gpus,
-        inputs=[(n, "INT64", [-1]) for n in ("input_ids", "attention_mask", "token_type_ids")],
+        gpus=gpus, warmup=warmup,
+        inputs=[(n, "INT64", [-1]) for n in ENCODER_INPUTS],
         outputs=[("last_hidden_state", "FP32", [-1, HIDDEN_SIZE])],
     )
     if platform:
@@ -481,15 +438,16 @@ def postprocess_config(name: str = "postprocess", *, num_classes: int, max_batch
 
 
 def pipeline_config(name: str = "ensemble", *, num_classes: int, max_batch_size: int = 32, suffix: str = "",
-                    encoder: str | None = None, postprocess_version: int = -1):
+                    encoder: str | None = None, postprocess_version: int = -1, response_cache: bool = False):
     """The ensemble: TEXT -> preprocess -> encoder -> postprocess -> LOGITS, LABEL (lesson 05).
 
     Members are named preprocess<suffix>, encoder<suffix>, postprocess<suffix>; `encoder` names a different encoder
     (e.g. a tuned variant sharing the same preprocess and postprocess). postprocess_version -1 = the latest loaded.
+    response_cache: the ensemble answers a repeated request from the server's response cache.
     """
-    ids = {"input_ids": "input_ids", "attention_mask": "attention_mask", "token_type_ids": "token_type_ids"}
+    ids = {n: n for n in ENCODER_INPUTS}
     return ensemble_config(
-        name, max_batch_size=max_batch_size,
+        name, max_batch_size=max_batch_size, response_cache=response_cache,
         inputs=[("TEXT", "STRING", [1])],
         outputs=[("LOGITS", "FP32", [num_classes]), ("LABEL", "STRING", [1])],
         steps=[
@@ -503,11 +461,15 @@ def pipeline_config(name: str = "ensemble", *, num_classes: int, max_batch_size:
 
 
 def write_encoder(repo: str | os.PathLike, cfg, onnx_path: str | os.PathLike) -> Path:
-    """Write an encoder model folder (config + model.py + a link to the ONNX file) for an encoder_config() (lesson 05)."""
+    """Write an encoder model folder (config + a copy of model.py + a link to the ONNX file) for an encoder_config()
+    (lesson 05)."""
     files = {"model.onnx": Path(onnx_path)}
     if cfg.backend == "python":
-        files["model.py"] = ENCODER_PY
+        files["model.py"] = model_source("encoder")
     return write_model(repo, cfg, {1: files})
+
+
+_SAME = object()  # encoder_batching's default: whatever dynamic_batching says
 
 
 def build_pipeline(
@@ -521,17 +483,23 @@ def build_pipeline(
     seq_len: int = 32,
     max_batch_size: int = 32,
     dynamic_batching=None,
+    encoder_batching=_SAME,
     encoder_instances: int = 1,
     intra_op_threads: int = 0,
     allow_spinning: bool = True,
     version_policy=None,
     encoder_platform: bool = False,
     kind: str = "KIND_CPU",
+    encoder_warmup: Sequence[int] = (),
+    with_encoder: bool = True,
 ) -> dict[str, Path]:
     """Write preprocess, encoder, postprocess and the ensemble (all named with `suffix`) into `repo` (lesson 05).
 
-    dynamic_batching applies to the three member models (the ensemble itself has no queue). classifiers:
-    {version: classifier.npz} for postprocess. Returns {model name: folder}.
+    dynamic_batching applies to the three member models (the ensemble itself has no queue); encoder_batching, when
+    given, replaces it for the encoder (e.g. a preferred batch size and a queue delay chosen by measurement).
+    classifiers: {version: classifier.npz} for postprocess. encoder_warmup: warm-up batch sizes for the encoder.
+    with_encoder=False writes only preprocess and postprocess, for encoder_variant() ensembles to share.
+    Each model.py is copied from utils/triton_models. Returns {model name: folder}.
     """
     repo = Path(repo)
     for what, path in (("onnx_path", onnx_path), ("tokenizer_json", tokenizer_json), *(
@@ -542,16 +510,40 @@ def build_pipeline(
     common = dict(max_batch_size=max_batch_size, dynamic_batching=dynamic_batching)
     folders = {}
     cfg = preprocess_config(f"preprocess{suffix}", seq_len=seq_len, **common)
-    folders[cfg.name] = write_model(repo, cfg, {1: {"model.py": PREPROCESS_PY, "tokenizer.json": Path(tokenizer_json)}})
-    cfg = encoder_config(f"encoder{suffix}", instance_count=encoder_instances, intra_op_threads=intra_op_threads,
-                         allow_spinning=allow_spinning, platform=encoder_platform, kind=kind, **common)
-    folders[cfg.name] = write_encoder(repo, cfg, onnx_path)
+    folders[cfg.name] = write_model(repo, cfg, {1: {"model.py": model_source("preprocess"),
+                                                    "tokenizer.json": Path(tokenizer_json)}})
     cfg = postprocess_config(f"postprocess{suffix}", num_classes=num_classes, version_policy=version_policy, **common)
     folders[cfg.name] = write_model(
-        repo, cfg, {v: {"model.py": POSTPROCESS_PY, "classifier.npz": Path(p)} for v, p in classifiers.items()})
-    cfg = pipeline_config(f"ensemble{suffix}", num_classes=num_classes, max_batch_size=max_batch_size, suffix=suffix)
-    folders[cfg.name] = write_model(repo, cfg, {1: {}})
+        repo, cfg, {v: {"model.py": model_source("postprocess"), "classifier.npz": Path(p)}
+                    for v, p in classifiers.items()})
+    if with_encoder:
+        cfg = encoder_config(f"encoder{suffix}", instance_count=encoder_instances, intra_op_threads=intra_op_threads,
+                             allow_spinning=allow_spinning, platform=encoder_platform, kind=kind,
+                             max_batch_size=max_batch_size, warmup_batch_sizes=encoder_warmup, seq_len=seq_len,
+                             dynamic_batching=dynamic_batching if encoder_batching is _SAME else encoder_batching)
+        folders[cfg.name] = write_encoder(repo, cfg, onnx_path)
+        cfg = pipeline_config(f"ensemble{suffix}", num_classes=num_classes, max_batch_size=max_batch_size,
+                              suffix=suffix)
+        folders[cfg.name] = write_model(repo, cfg, {1: {}})
     return folders
+
+
+def encoder_variant(repo: str | os.PathLike, tag: str, *, onnx_path: str | os.PathLike, num_classes: int,
+                    max_batch_size: int = 32, **encoder_kwargs) -> str:
+    """Write encoder_<tag> (an encoder_config(**encoder_kwargs)) and ensemble_<tag>, which runs it between the
+    repository's shared preprocess and postprocess; returns the ensemble's name (lesson 05: one per sweep point)."""
+    if not isinstance(tag, str) or not tag.replace("_", "").isalnum():
+        raise ValueError(f"tag must be letters, digits and underscores (it names models), got {tag!r}")
+    repo = Path(repo)
+    missing = [m for m in ("preprocess", "postprocess") if not (repo / m / "config.pbtxt").is_file()]
+    if missing:
+        raise FileNotFoundError(f"{repo} has no {missing}: write them first (build_pipeline(..., with_encoder=False))")
+    cfg = encoder_config(f"encoder_{tag}", max_batch_size=max_batch_size, **encoder_kwargs)
+    write_encoder(repo, cfg, onnx_path)
+    ens = pipeline_config(f"ensemble_{tag}", num_classes=num_classes, max_batch_size=max_batch_size,
+                          encoder=cfg.name)
+    write_model(repo, ens, {1: {}})
+    return ens.name
 
 
 def repository_configs(repo: str | os.PathLike) -> dict:

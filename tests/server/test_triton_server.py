@@ -1,7 +1,9 @@
-"""The generated Python models on the real bundled tritonserver (lesson 05): tokenization, classification, errors,
-load generation with checked responses, statistics, metrics, loopback binding and a clean stop.
+"""The lesson's Python-backend programs (utils/triton_models) on the real bundled tritonserver (lesson 05):
+tokenization, encoding with batching, classification, errors, warm-up, the response cache, load generation with
+checked responses, statistics, metrics, loopback binding and a clean stop.
 
-The encoder (ONNX Runtime) is left to the lesson notebook; these models load in a few seconds.
+The encoder runs a tiny ONNX graph with MiniLM's tensor names (an embedding lookup masked by attention_mask) instead
+of MiniLM itself, so every model loads in a few seconds; the lesson notebook serves the real one.
 """
 
 import json
@@ -19,6 +21,28 @@ pytestmark = pytest.mark.skipif(not env.has("tritonserver"), reason="needs the t
 
 SEQ = 16
 CLASSES = ["a", "b", "c"]
+VOCAB = 32
+AT_START = {}  # the encoder's statistics when the server reported ready, before any test sent a request
+
+
+def _tiny_encoder(path):
+    """last_hidden_state[b, s] = TABLE[input_ids[b, s]] * attention_mask[b, s]; token_type_ids is an unused input."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    table = np.arange(VOCAB * triton_repo.HIDDEN_SIZE, dtype=np.float32).reshape(VOCAB, -1) / 1000
+    ins = [helper.make_tensor_value_info(n, TensorProto.INT64, ["B", "S"]) for n in triton_repo.ENCODER_INPUTS]
+    out = helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["B", "S", triton_repo.HIDDEN_SIZE])
+    nodes = [helper.make_node("Gather", ["table", "input_ids"], ["emb"]),
+             helper.make_node("Cast", ["attention_mask"], ["maskf"], to=TensorProto.FLOAT),
+             helper.make_node("Unsqueeze", ["maskf", "axis"], ["mask3"]),
+             helper.make_node("Mul", ["emb", "mask3"], ["last_hidden_state"])]
+    graph = helper.make_graph(nodes, "tiny_encoder", ins, [out], initializer=[
+        numpy_helper.from_array(table, "table"), numpy_helper.from_array(np.array([-1], np.int64), "axis")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9  # ONNX Runtime reads up to 13 (onnx writes newer by default)
+    onnx.save(model, path)
+    return path, table
 
 
 @pytest.fixture(scope="module")
@@ -32,16 +56,27 @@ def served(tmp_path_factory):
     batching = {"max_queue_delay_microseconds": 0}
     cfg = triton_repo.preprocess_config("preprocess", seq_len=SEQ, max_batch_size=8, dynamic_batching=batching,
                                         max_text_bytes=64)
-    triton_repo.write_model(repo, cfg, {1: {"model.py": triton_repo.PREPROCESS_PY,
-                                            "tokenizer.json": models.minilm_path() / "tokenizer.json"}})
+    files = {1: {"model.py": triton_repo.model_source("preprocess"),
+                 "tokenizer.json": models.minilm_path() / "tokenizer.json"}}
+    triton_repo.write_model(repo, cfg, files)
+    cfg.name = "preprocess_cached"  # the same model behind the server's response cache
+    cfg.response_cache.enable = True
+    triton_repo.write_model(repo, cfg, files)
     cfg = triton_repo.postprocess_config("postprocess", num_classes=len(CLASSES), max_batch_size=8,
                                          dynamic_batching=batching)
-    triton_repo.write_model(repo, cfg, {1: {"model.py": triton_repo.POSTPROCESS_PY, "classifier.npz": clf}})
-    server = triton.TritonServer(repo, name="test_triton_server", extra_args=["--disable-auto-complete-config"])
+    triton_repo.write_model(repo, cfg, {1: {"model.py": triton_repo.model_source("postprocess"), "classifier.npz": clf}})
+    onnx_path, table = _tiny_encoder(root / "tiny_encoder.onnx")
+    cfg = triton_repo.encoder_config("encoder", max_batch_size=8, intra_op_threads=1, allow_spinning=False,
+                                     dynamic_batching={"preferred_batch_size": [4], "max_queue_delay_microseconds": 200_000},
+                                     warmup_batch_sizes=(1, 4), seq_len=SEQ)
+    triton_repo.write_encoder(repo, cfg, onnx_path)
+    server = triton.TritonServer(repo, name="test_triton_server", extra_args=["--disable-auto-complete-config"],
+                                 response_cache_bytes=1 << 20)
     server.start()
+    AT_START["encoder"] = triton.model_statistics(server.grpc_url, "encoder")
     pids = [p.pid for p in server.processes()]
     try:
-        yield server, weight, bias, pids
+        yield server, weight, bias, pids, table
     finally:
         server.stop()
 
@@ -62,7 +97,7 @@ def _text(sentences):
 
 
 def test_loopback_only_and_stubs_started(served):
-    server, _, _, pids = served
+    server, _, _, pids, _ = served
     addresses = server.listening_addresses()
     assert len(addresses) == 3 and all(triton.is_loopback(ip) for ip, _ in addresses)
     assert len(pids) >= 3  # the server and one stub per model
@@ -73,7 +108,7 @@ def test_cpu_seconds_names_each_model_and_grows_with_work(served):
 
     server = served[0]
     before = server.cpu_seconds()
-    assert set(before) == {"tritonserver", "preprocess", "postprocess"}
+    assert set(before) == {"tritonserver", "preprocess", "preprocess_cached", "postprocess", "encoder"}
     assert all(v >= 0 for v in before.values())
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
         for _ in range(200):
@@ -97,6 +132,60 @@ def test_preprocess_matches_the_hugging_face_tokenizer(served):
     np.testing.assert_array_equal(res.as_numpy("input_ids"), want["input_ids"])
     np.testing.assert_array_equal(res.as_numpy("attention_mask"), want["attention_mask"])
     assert not res.as_numpy("token_type_ids").any()
+
+
+def _encoder_inputs(module, ids, mask):
+    inputs = []
+    for name, array in (("input_ids", ids), ("attention_mask", mask), ("token_type_ids", np.zeros_like(ids))):
+        t = module.InferInput(name, list(array.shape), "INT64")
+        t.set_data_from_numpy(array)
+        inputs.append(t)
+    return inputs
+
+
+def test_encoder_batches_concurrent_requests_into_one_call(served):
+    import asyncio
+
+    import tritonclient.grpc.aio as grpcaio
+
+    server, table = served[0], served[4]
+    rng = np.random.default_rng(3)
+    ids = rng.integers(0, VOCAB, size=(4, SEQ)).astype(np.int64)
+    mask = (np.arange(SEQ)[None, :] < rng.integers(2, SEQ, size=(4, 1))).astype(np.int64)
+    before = triton.model_statistics(server.grpc_url, "encoder")
+
+    async def four_at_once():
+        async with grpcaio.InferenceServerClient(server.grpc_url) as client:
+            return await asyncio.gather(*(client.infer("encoder", _encoder_inputs(grpcaio, ids[i:i + 1], mask[i:i + 1]))
+                                          for i in range(4)))
+
+    results = asyncio.run(four_at_once())
+    for i, res in enumerate(results):  # each request gets its own slice of the batch's output
+        np.testing.assert_array_equal(res.as_numpy("last_hidden_state")[0], table[ids[i]] * mask[i][:, None])
+    after = triton.model_statistics(server.grpc_url, "encoder")
+    # preferred size 4 with a long queue delay: the four requests ran as one execution of batch 4
+    assert triton.batch_histogram(before, after) == {4: 1}
+
+
+def test_encoder_warmup_ran_before_ready(served):
+    server = served[0]
+    cfg = triton_repo.read_config(server.model_repository / "encoder")
+    assert [w.batch_size for w in cfg.model_warmup] == [1, 4]
+    # before any client request, the server had already run one batch of each warm-up size through model.py
+    assert AT_START["encoder"]["batches"] == {1: 1, 4: 1}
+
+
+def test_response_cache_hit_returns_the_same_bytes(served):
+    import tritonclient.grpc as grpcclient
+
+    server = served[0]
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        first = client.infer("preprocess_cached", [_text(["A sentence nobody sent before."])])
+        second = client.infer("preprocess_cached", [_text(["A sentence nobody sent before."])])
+    assert second.get_response().raw_output_contents == first.get_response().raw_output_contents
+    stats = triton.model_statistics(server.grpc_url, "preprocess_cached")
+    assert (stats["cache_misses"], stats["cache_hits"]) == (1, 1)
+    assert stats["execution_count"] == 1  # the hit never reached model.py
 
 
 def test_postprocess_classifies_like_numpy(served):
@@ -141,8 +230,12 @@ def test_load_counts_checks_and_bounds(served):
     before = triton.model_statistics(server.grpc_url, "postprocess")
     metrics_before = triton.scrape_metrics(server.metrics_url)
     r = load.run_load(server.grpc_url, "postprocess", requests, expected=expected, concurrency=4, max_requests=40,
-                      warmup=4)
+                      warmup=4, snapshot=lambda: triton.model_statistics(server.grpc_url, "postprocess"))
     assert (r.requests, r.failed, r.wrong) == (40, 0, 0)
+    window_before, window_after = r.snapshots  # taken around the measured window: the warm-up is outside it
+    assert window_after["inference_count"] - window_before["inference_count"] == 40
+    assert window_before["inference_count"] - before["inference_count"] == 4
+    assert r.client_cpu_s > 0
     assert r.throughput > 0 and r.p50 <= r.p95 <= r.p99
     after = triton.model_statistics(server.grpc_url, "postprocess")
     assert after["inference_count"] - before["inference_count"] == 44  # warm-up included
@@ -166,7 +259,7 @@ def test_load_counts_checks_and_bounds(served):
 def test_stop_leaves_no_process(served):
     import psutil
 
-    server, _, _, pids = served
+    server, _, _, pids, _ = served
     server.stop()
     server.stop()  # idempotent
     time.sleep(0.5)

@@ -86,3 +86,15 @@ def test_batch_histogram_and_per_request():
     assert out["queue_ms"] == pytest.approx(1.0) and out["compute_ms"] == pytest.approx(2.0)
     assert out["request_ms"] == pytest.approx(3.5)
     assert triton.per_request_ms(m1, m1, "enc")["requests"] == 0
+
+
+def test_matches_compares_strings_exactly_and_numbers_like_allclose():
+    strings = np.array([[b"sports"]], dtype=object)
+    assert load._matches(strings.copy(), strings, 1e-3, 1e-3)
+    assert not load._matches(np.array([[b"food"]], dtype=object), strings, 1e-3, 1e-3)
+    assert not load._matches(np.array([["sports"]], dtype=object), strings, 1e-3, 1e-3)  # str is not bytes
+    want = np.array([[1.0, -2.0, np.inf]], dtype=np.float32)
+    assert load._matches(want + np.float32(5e-4), want, 1e-3, 1e-3)  # inf == inf, as np.allclose says
+    assert not load._matches(want + np.float32(1e-2), want, 1e-3, 1e-3)
+    assert not load._matches(np.array([[1.0, -2.0, np.nan]], dtype=np.float32), want, 1e-3, 1e-3)
+    assert not load._matches(want[:, :2], want, 1e-3, 1e-3) and not load._matches(None, want, 1e-3, 1e-3)

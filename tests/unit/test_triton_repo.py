@@ -8,6 +8,7 @@ pytest.importorskip("tritonclient", reason="tritonclient is optional: lesson 05'
 
 from utils import triton_repo as tr
 from utils.core.data import labeled_sentences
+from utils.triton_models import MODELS, model_file
 
 
 def test_model_config_round_trips_through_pbtxt():
@@ -159,3 +160,88 @@ def test_labeled_sentences_splits():
     assert all(test_y.count(c) == len(test) // 4 for c in classes)
     with pytest.raises(ValueError, match="split"):
         labeled_sentences("validation")
+
+
+def test_model_programs_are_package_files_copied_into_the_repository(tmp_path, assets):
+    for name in MODELS:
+        text = tr.model_source(name)
+        assert text == model_file(name).read_text() and "class TritonPythonModel" in text
+        assert "def execute(self, requests)" in text
+    with pytest.raises(ValueError, match="expected one of"):
+        model_file("tokenizer")
+    onnx, tok, clf = assets
+    tr.build_pipeline(tmp_path / "repo", onnx_path=onnx, tokenizer_json=tok, classifiers={1: clf}, num_classes=3)
+    copy = tmp_path / "repo" / "encoder" / "1" / "model.py"
+    assert not copy.is_symlink() and copy.read_text() == tr.model_source("encoder")  # a copy, not a link
+
+
+def test_function_source_reads_a_method_without_importing(tmp_path):
+    path = tmp_path / "model.py"
+    path.write_text("import not_installed_anywhere\n\n\nclass M:\n    def a(self):\n        return 1\n\n"
+                    "    @staticmethod\n    def b(x):\n        return x\n")
+    assert tr.function_source(path, "M.a") == "def a(self):\n    return 1\n"
+    assert tr.function_source(path, "M.b").startswith("@staticmethod\ndef b(x):")
+    with pytest.raises(ValueError, match="no 'M.c'"):
+        tr.function_source(path, "M.c")
+    execute = tr.function_source(model_file("encoder"), "TritonPythonModel.execute")
+    assert execute.startswith("def execute(self, requests):") and "self.session.run" in execute
+
+
+def test_warmup_and_response_cache_in_the_config():
+    cfg = tr.encoder_config("enc", max_batch_size=8, warmup_batch_sizes=(1, 8), seq_len=16,
+                            dynamic_batching={"preferred_batch_size": [8], "max_queue_delay_microseconds": 500})
+    back = tr.parse_pbtxt(tr.to_pbtxt(cfg))
+    assert [(w.name, w.batch_size, w.count) for w in back.model_warmup] == [("zeros_batch_1", 1, 1),
+                                                                             ("zeros_batch_8", 8, 1)]
+    assert {k: (list(v.dims), v.zero_data) for k, v in back.model_warmup[1].inputs.items()} == {
+        n: ([16], True) for n in tr.ENCODER_INPUTS}
+    assert not tr.encoder_config("enc").model_warmup
+    ens = tr.pipeline_config("e", num_classes=3, response_cache=True)
+    assert tr.parse_pbtxt(tr.to_pbtxt(ens)).response_cache.enable
+    assert not tr.pipeline_config("e", num_classes=3).HasField("response_cache")
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [(dict(warmup_batch_sizes=(1,)), "seq_len"), (dict(warmup_batch_sizes=(64,), seq_len=16), "exceeds max_batch_size"),
+     (dict(warmup_batch_sizes=(0,), seq_len=16), "positive ints")],
+)
+def test_warmup_bad_input(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        tr.encoder_config("enc", max_batch_size=8, **kwargs)
+
+
+def test_warmup_sample_needs_every_input_with_concrete_dims():
+    with pytest.raises(ValueError, match="variable"):
+        tr.warmup_sample("w", [("X", "FP32", [-1])])
+    base = dict(inputs=[("X", "FP32", [4]), ("Y", "FP32", [4])], outputs=[("Z", "FP32", [4])], max_batch_size=4)
+    with pytest.raises(ValueError, match="every input"):
+        tr.model_config("m", warmup=[tr.warmup_sample("w", [("X", "FP32", [4])])], **base)
+    with pytest.raises(ValueError, match="warmup_sample"):
+        tr.model_config("m", warmup=[{"name": "w"}], **base)
+
+
+def test_encoder_variants_share_preprocess_and_postprocess(tmp_path, assets):
+    onnx, tok, clf = assets
+    repo = tmp_path / "repo"
+    with pytest.raises(FileNotFoundError, match="with_encoder=False"):
+        tr.encoder_variant(repo, "a", onnx_path=onnx, num_classes=3)
+    folders = tr.build_pipeline(repo, onnx_path=onnx, tokenizer_json=tok, classifiers={1: clf}, num_classes=3,
+                                with_encoder=False)
+    assert set(folders) == {"preprocess", "postprocess"}
+    name = tr.encoder_variant(repo, "p0", onnx_path=onnx, num_classes=3, instance_count=2,
+                              dynamic_batching={"preferred_batch_size": [8], "max_queue_delay_microseconds": 100})
+    assert name == "ensemble_p0"
+    configs = tr.repository_configs(repo)
+    assert [s.model_name for s in configs[name].ensemble_scheduling.step] == ["preprocess", "encoder_p0", "postprocess"]
+    assert configs["encoder_p0"].instance_group[0].count == 2
+    with pytest.raises(ValueError, match="tag"):
+        tr.encoder_variant(repo, "p-1", onnx_path=onnx, num_classes=3)
+
+
+def test_encoder_batching_overrides_the_members_batching(tmp_path, assets):
+    onnx, tok, clf = assets
+    tr.build_pipeline(tmp_path, onnx_path=onnx, tokenizer_json=tok, classifiers={1: clf}, num_classes=3,
+                      dynamic_batching={"max_queue_delay_microseconds": 0}, encoder_batching=None)
+    configs = tr.repository_configs(tmp_path)
+    assert configs["preprocess"].HasField("dynamic_batching") and not configs["encoder"].HasField("dynamic_batching")

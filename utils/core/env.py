@@ -216,6 +216,7 @@ def capabilities() -> dict[str, Capability]:
         "onnxruntime": _module("onnxruntime", "onnxruntime (or onnxruntime-gpu)"),
         "onnxruntime_extensions": _module("onnxruntime_extensions", "onnxruntime-extensions"),
         "tritonclient": _module("tritonclient", "tritonclient[all]"),
+        "kubernetes_validate": _module("kubernetes_validate", "kubernetes-validate"),
     }
     tf2onnx = _module("tf2onnx", "tf2onnx")
     caps["tf2onnx"] = Capability("tf2onnx", caps["tensorflow"].available and tf2onnx.available,

@@ -41,6 +41,7 @@ OPTIONAL_SECTIONS: dict[str, tuple[str, str]] = {
     "05.model-config": ("tritonclient", "config.pbtxt through Triton's protobuf schema and the model repository"),
     "05.triton": ("tritonserver", "the Triton ensemble, load tests and hardening"),
     "05.gpu-instances": ("cuda", "Triton KIND_GPU instances and a GPU encoder"),
+    "05.k8s-manifest": ("kubernetes_validate", "the Kubernetes manifest checked against the bundled Kubernetes schema"),
     "06.cpu-kernel": ("cxx", "build the C++ softmax extension"),
     "06.cuda-kernel": ("cuda+nvcc", "build and run the CUDA softmax kernel"),
     "06.cuda-compile-check": ("nvcc", "compile-check the .cu source with nvcc"),
