@@ -7,7 +7,9 @@ import time
 from pathlib import Path
 
 from utils.checks import LabCheckFailed, call, expect, passed
-from utils.core import env
+from utils.core import env, models, onnx_io, tritonserver
+from utils.core.data import labeled_sentences
+from utils.serving import loadgen, repository
 
 SEQ_LEN = 16  # the lesson's padding length: the longest sentence of utils/core/data/sentences.csv, rounded up to 8
 TENSORS_IN = ("input_ids", "attention_mask", "token_type_ids")
@@ -23,8 +25,6 @@ def work_dir() -> Path:
 
 def minilm_onnx() -> Path:
     """The MiniLM ONNX file: the lesson's export when it exists, otherwise exported now (about 10 s)."""
-    from utils.core import onnx_io
-
     for candidate in (env.build_dir() / "triton" / "05" / "minilm.onnx", work_dir() / "minilm.onnx"):
         if candidate.is_file():
             return candidate
@@ -32,11 +32,9 @@ def minilm_onnx() -> Path:
 
 
 def _parse(text, what: str):
-    from utils import triton_repo
-
     expect(isinstance(text, str), f"{what} should return the config.pbtxt text as a str, got {type(text).__name__}")
     try:
-        return triton_repo.parse_pbtxt(text)
+        return repository.parse_pbtxt(text)
     except ValueError as exc:
         raise LabCheckFailed(f"{what}: Triton's schema rejects this text: {exc}\n--- text ---\n{text}") from None
 
@@ -94,7 +92,7 @@ def check_config_text(pbtxt_fn) -> None:
 
 
 def check_mean_batch(mean_batch_fn) -> None:
-    """Mean batch size from two statistics snapshots (the shape utils.triton.model_statistics returns)."""
+    """Mean batch size from two statistics snapshots (the shape utils.core.tritonserver.model_statistics returns)."""
     before = {"inference_count": 10, "execution_count": 10, "batches": {1: 10}}
     after = {"inference_count": 10 + 6 + 16 + 24, "execution_count": 10 + 6 + 2 + 3, "batches": {1: 16, 8: 5}}
     got = call(mean_batch_fn, before, after, what="mean_batch(before, after)")
@@ -111,9 +109,6 @@ def _encoder_requests(n: int = 48):
     """n single-sentence encoder requests (token ids padded to SEQ_LEN) and the hidden states ONNX Runtime gives."""
     import numpy as np
     from tokenizers import Tokenizer
-
-    from utils.core import models, onnx_io
-    from utils.core.data import labeled_sentences
 
     tok = Tokenizer.from_file(str(models.minilm_path() / "tokenizer.json"))
     tok.enable_truncation(max_length=SEQ_LEN)
@@ -135,8 +130,6 @@ def check_tuned(tuning_fn, pbtxt_fn, *, smoke: bool = True) -> dict:
     Baseline: no dynamic batching, one instance, ONNX Runtime's default threads (spinning). Target: throughput at
     least TARGET_GAIN x the baseline's with p95 no higher than the baseline's, every response correct.
     """
-    from utils import load, triton, triton_repo
-
     knobs = call(tuning_fn, what="my_tuning()")
     required = {"max_batch_size", "batching"}
     optional = {"preferred", "delay_us", "instances", "threads", "spin"}
@@ -152,24 +145,24 @@ def check_tuned(tuning_fn, pbtxt_fn, *, smoke: bool = True) -> dict:
     onnx_path = minilm_onnx()
     repo = work_dir() / "repository"
     shutil.rmtree(repo, ignore_errors=True)
-    triton_repo.write_encoder(repo, cfg, onnx_path)
-    baseline = triton_repo.encoder_config("baseline", max_batch_size=max(cfg.max_batch_size, 1), intra_op_threads=0)
-    triton_repo.write_encoder(repo, baseline, onnx_path)
+    repository.write_encoder(repo, cfg, onnx_path)
+    baseline = repository.encoder_config("baseline", max_batch_size=max(cfg.max_batch_size, 1), intra_op_threads=0)
+    repository.write_encoder(repo, baseline, onnx_path)
     requests, expected = _encoder_requests()
     n_req, rounds = (96, 2) if smoke else (400, 3)
     results = {"baseline": [], "tuned": []}
     args = ["--disable-auto-complete-config", "--backend-config=python,shm-default-byte-size=4194304"]
     t0 = time.perf_counter()
-    with triton.TritonServer(repo, name="lab05", extra_args=args) as server:
+    with tritonserver.TritonServer(repo, name="lab05", extra_args=args) as server:
         for _ in range(rounds):
             for model in results:
-                r = load.run_load(server.grpc_url, model, requests, expected=expected, concurrency=CONCURRENCY,
+                r = loadgen.run_load(server.grpc_url, model, requests, expected=expected, concurrency=CONCURRENCY,
                                   max_requests=n_req, max_seconds=20.0, warmup=CONCURRENCY, atol=1e-3, rtol=1e-3,
                                   label=model)
                 expect(r.failed == 0 and r.wrong == 0,
                        f"{model}: {r.failed} failed and {r.wrong} wrong responses; first errors: {r.errors[:2]}")
                 results[model].append(r)
-        stats = triton.model_statistics(server.grpc_url, "tuned")
+        stats = tritonserver.model_statistics(server.grpc_url, "tuned")
     best = {m: max(rs, key=lambda r: r.throughput) for m, rs in results.items()}
     base, tuned = best["baseline"], best["tuned"]
     gain = tuned.throughput / base.throughput

@@ -8,7 +8,7 @@ reason, or ``FAILED`` with the error. Results land where the lessons look for th
 caches), so running it before a workshop turns first-run compiles into cache hits.
 
 Lesson modules take part through a hook: a module that defines ``warmup()`` (for example ``utils.kernels``,
-``utils.conversion.onnx_tools``, ``utils.triton_repo``) gets it called; a module that is absent, or has no hook yet, is
+``utils.conversion.onnx_tools``, ``utils.serving.repository``) gets it called; a module that is absent, or has no hook yet, is
 skipped with that reason. The exit code is 1 when a step failed, else 0.
 """
 
@@ -22,7 +22,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from utils.core import env
+from utils.core import env, tritonserver
 
 __all__ = ["STEPS", "run_step", "main"]
 
@@ -111,12 +111,10 @@ def _kernels() -> str:
 def _tritonserver() -> str:
     if not env.has("tritonserver"):
         raise Skip(env.capabilities()["tritonserver"].reason)
-    from utils import triton
-
     repo = env.build_dir() / "triton" / "empty_repository"
     repo.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    with triton.TritonServer(repo, name="warmup") as server:
+    with tritonserver.TritonServer(repo, name="warmup") as server:
         ready = server.is_ready()
     return f"tritonserver started (ready={ready}) and stopped in {time.perf_counter() - t0:.1f} s"
 
@@ -128,7 +126,7 @@ STEPS: dict[str, tuple[str, Callable[[], str]]] = {
     "kernel": ("start a Jupyter kernel once", _kernel),
     "kernels": ("lesson 06: build the C++ (and CUDA) softmax extension", _kernels),
     "onnx": ("lesson 04: exported ONNX models", _hook("utils.conversion.onnx_tools", "04")),
-    "triton-repo": ("lesson 05: the Triton model repository", _hook("utils.triton_repo", "05")),
+    "triton-repo": ("lesson 05: the Triton model repository", _hook("utils.serving.repository", "05")),
     "tritonserver": ("start the bundled tritonserver once", _tritonserver),
     "llm": ("lesson 08: train and cache the TinyGPT weights", _hook("utils.llm", "08")),
 }

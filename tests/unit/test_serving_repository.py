@@ -1,4 +1,4 @@
-"""utils.triton_repo (lesson 05): configs from the schema, repository layout, clear errors; and utils.core.data."""
+"""utils.serving.repository (lesson 05): configs from the schema, repository layout, clear errors; and utils.core.data."""
 
 import numpy as np
 import pytest
@@ -6,9 +6,9 @@ import pytest
 # Triton's model_config protobuf schema ships with tritonclient (the course environment has it; your own may not)
 pytest.importorskip("tritonclient", reason="tritonclient is optional: lesson 05's model-config section needs it")
 
-from utils import triton_repo as tr
 from utils.core.data import labeled_sentences
-from utils.triton_models import MODELS, model_file
+from utils.serving import repository as tr
+from utils.serving.models import MODELS, model_file
 
 
 def test_model_config_round_trips_through_pbtxt():

@@ -14,8 +14,8 @@ import urllib.request
 import numpy as np
 import pytest
 
-from utils import load, triton, triton_repo
-from utils.core import env, models
+from utils.core import env, models, tritonserver
+from utils.serving import loadgen, repository
 
 pytestmark = pytest.mark.skipif(not env.has("tritonserver"), reason="needs the tritonserver binary (nvidia-pytriton)")
 
@@ -30,9 +30,9 @@ def _tiny_encoder(path):
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    table = np.arange(VOCAB * triton_repo.HIDDEN_SIZE, dtype=np.float32).reshape(VOCAB, -1) / 1000
-    ins = [helper.make_tensor_value_info(n, TensorProto.INT64, ["B", "S"]) for n in triton_repo.ENCODER_INPUTS]
-    out = helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["B", "S", triton_repo.HIDDEN_SIZE])
+    table = np.arange(VOCAB * repository.HIDDEN_SIZE, dtype=np.float32).reshape(VOCAB, -1) / 1000
+    ins = [helper.make_tensor_value_info(n, TensorProto.INT64, ["B", "S"]) for n in repository.ENCODER_INPUTS]
+    out = helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["B", "S", repository.HIDDEN_SIZE])
     nodes = [helper.make_node("Gather", ["table", "input_ids"], ["emb"]),
              helper.make_node("Cast", ["attention_mask"], ["maskf"], to=TensorProto.FLOAT),
              helper.make_node("Unsqueeze", ["maskf", "axis"], ["mask3"]),
@@ -50,30 +50,30 @@ def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("triton")
     repo = root / "repo"
     rng = np.random.default_rng(0)
-    weight = rng.normal(size=(triton_repo.HIDDEN_SIZE, len(CLASSES))).astype(np.float32)
+    weight = rng.normal(size=(repository.HIDDEN_SIZE, len(CLASSES))).astype(np.float32)
     bias = rng.normal(size=len(CLASSES)).astype(np.float32)
-    clf = triton_repo.write_classifier(root / "clf.npz", weight, bias, CLASSES)
+    clf = repository.write_classifier(root / "clf.npz", weight, bias, CLASSES)
     batching = {"max_queue_delay_microseconds": 0}
-    cfg = triton_repo.preprocess_config("preprocess", seq_len=SEQ, max_batch_size=8, dynamic_batching=batching,
+    cfg = repository.preprocess_config("preprocess", seq_len=SEQ, max_batch_size=8, dynamic_batching=batching,
                                         max_text_bytes=64)
-    files = {1: {"model.py": triton_repo.model_source("preprocess"),
+    files = {1: {"model.py": repository.model_source("preprocess"),
                  "tokenizer.json": models.minilm_path() / "tokenizer.json"}}
-    triton_repo.write_model(repo, cfg, files)
+    repository.write_model(repo, cfg, files)
     cfg.name = "preprocess_cached"  # the same model behind the server's response cache
     cfg.response_cache.enable = True
-    triton_repo.write_model(repo, cfg, files)
-    cfg = triton_repo.postprocess_config("postprocess", num_classes=len(CLASSES), max_batch_size=8,
+    repository.write_model(repo, cfg, files)
+    cfg = repository.postprocess_config("postprocess", num_classes=len(CLASSES), max_batch_size=8,
                                          dynamic_batching=batching)
-    triton_repo.write_model(repo, cfg, {1: {"model.py": triton_repo.model_source("postprocess"), "classifier.npz": clf}})
+    repository.write_model(repo, cfg, {1: {"model.py": repository.model_source("postprocess"), "classifier.npz": clf}})
     onnx_path, table = _tiny_encoder(root / "tiny_encoder.onnx")
-    cfg = triton_repo.encoder_config("encoder", max_batch_size=8, intra_op_threads=1, allow_spinning=False,
+    cfg = repository.encoder_config("encoder", max_batch_size=8, intra_op_threads=1, allow_spinning=False,
                                      dynamic_batching={"preferred_batch_size": [4], "max_queue_delay_microseconds": 200_000},
                                      warmup_batch_sizes=(1, 4), seq_len=SEQ)
-    triton_repo.write_encoder(repo, cfg, onnx_path)
-    server = triton.TritonServer(repo, name="test_triton_server", extra_args=["--disable-auto-complete-config"],
+    repository.write_encoder(repo, cfg, onnx_path)
+    server = tritonserver.TritonServer(repo, name="test_triton_server", extra_args=["--disable-auto-complete-config"],
                                  response_cache_bytes=1 << 20)
     server.start()
-    AT_START["encoder"] = triton.model_statistics(server.grpc_url, "encoder")
+    AT_START["encoder"] = tritonserver.model_statistics(server.grpc_url, "encoder")
     pids = [p.pid for p in server.processes()]
     try:
         yield server, weight, bias, pids, table
@@ -99,7 +99,7 @@ def _text(sentences):
 def test_loopback_only_and_stubs_started(served):
     server, _, _, pids, _ = served
     addresses = server.listening_addresses()
-    assert len(addresses) == 3 and all(triton.is_loopback(ip) for ip, _ in addresses)
+    assert len(addresses) == 3 and all(tritonserver.is_loopback(ip) for ip, _ in addresses)
     assert len(pids) >= 3  # the server and one stub per model
 
 
@@ -152,7 +152,7 @@ def test_encoder_batches_concurrent_requests_into_one_call(served):
     rng = np.random.default_rng(3)
     ids = rng.integers(0, VOCAB, size=(4, SEQ)).astype(np.int64)
     mask = (np.arange(SEQ)[None, :] < rng.integers(2, SEQ, size=(4, 1))).astype(np.int64)
-    before = triton.model_statistics(server.grpc_url, "encoder")
+    before = tritonserver.model_statistics(server.grpc_url, "encoder")
 
     async def four_at_once():
         async with grpcaio.InferenceServerClient(server.grpc_url) as client:
@@ -162,14 +162,14 @@ def test_encoder_batches_concurrent_requests_into_one_call(served):
     results = asyncio.run(four_at_once())
     for i, res in enumerate(results):  # each request gets its own slice of the batch's output
         np.testing.assert_array_equal(res.as_numpy("last_hidden_state")[0], table[ids[i]] * mask[i][:, None])
-    after = triton.model_statistics(server.grpc_url, "encoder")
+    after = tritonserver.model_statistics(server.grpc_url, "encoder")
     # preferred size 4 with a long queue delay: the four requests ran as one execution of batch 4
-    assert triton.batch_histogram(before, after) == {4: 1}
+    assert tritonserver.batch_histogram(before, after) == {4: 1}
 
 
 def test_encoder_warmup_ran_before_ready(served):
     server = served[0]
-    cfg = triton_repo.read_config(server.model_repository / "encoder")
+    cfg = repository.read_config(server.model_repository / "encoder")
     assert [w.batch_size for w in cfg.model_warmup] == [1, 4]
     # before any client request, the server had already run one batch of each warm-up size through model.py
     assert AT_START["encoder"]["batches"] == {1: 1, 4: 1}
@@ -183,7 +183,7 @@ def test_response_cache_hit_returns_the_same_bytes(served):
         first = client.infer("preprocess_cached", [_text(["A sentence nobody sent before."])])
         second = client.infer("preprocess_cached", [_text(["A sentence nobody sent before."])])
     assert second.get_response().raw_output_contents == first.get_response().raw_output_contents
-    stats = triton.model_statistics(server.grpc_url, "preprocess_cached")
+    stats = tritonserver.model_statistics(server.grpc_url, "preprocess_cached")
     assert (stats["cache_misses"], stats["cache_hits"]) == (1, 1)
     assert stats["execution_count"] == 1  # the hit never reached model.py
 
@@ -193,7 +193,7 @@ def test_postprocess_classifies_like_numpy(served):
 
     server, weight, bias = served[:3]
     rng = np.random.default_rng(1)
-    hidden = rng.normal(size=(5, SEQ, triton_repo.HIDDEN_SIZE)).astype(np.float32)
+    hidden = rng.normal(size=(5, SEQ, repository.HIDDEN_SIZE)).astype(np.float32)
     mask = (np.arange(SEQ)[None, :] < rng.integers(2, SEQ, size=(5, 1))).astype(np.int64)
     inputs = [grpcclient.InferInput("last_hidden_state", list(hidden.shape), "FP32"),
               grpcclient.InferInput("attention_mask", list(mask.shape), "INT64")]
@@ -223,36 +223,36 @@ def test_load_counts_checks_and_bounds(served):
     rng = np.random.default_rng(2)
     requests, expected = [], []
     for _ in range(6):
-        hidden = rng.normal(size=(1, SEQ, triton_repo.HIDDEN_SIZE)).astype(np.float32)
+        hidden = rng.normal(size=(1, SEQ, repository.HIDDEN_SIZE)).astype(np.float32)
         mask = np.ones((1, SEQ), dtype=np.int64)
         requests.append({"last_hidden_state": hidden, "attention_mask": mask})
         expected.append({"LOGITS": _reference(hidden, mask, weight, bias).astype(np.float32)})
-    before = triton.model_statistics(server.grpc_url, "postprocess")
-    metrics_before = triton.scrape_metrics(server.metrics_url)
-    r = load.run_load(server.grpc_url, "postprocess", requests, expected=expected, concurrency=4, max_requests=40,
-                      warmup=4, snapshot=lambda: triton.model_statistics(server.grpc_url, "postprocess"))
+    before = tritonserver.model_statistics(server.grpc_url, "postprocess")
+    metrics_before = tritonserver.scrape_metrics(server.metrics_url)
+    r = loadgen.run_load(server.grpc_url, "postprocess", requests, expected=expected, concurrency=4, max_requests=40,
+                      warmup=4, snapshot=lambda: tritonserver.model_statistics(server.grpc_url, "postprocess"))
     assert (r.requests, r.failed, r.wrong) == (40, 0, 0)
     window_before, window_after = r.snapshots  # taken around the measured window: the warm-up is outside it
     assert window_after["inference_count"] - window_before["inference_count"] == 40
     assert window_before["inference_count"] - before["inference_count"] == 4
     assert r.client_cpu_s > 0
     assert r.throughput > 0 and r.p50 <= r.p95 <= r.p99
-    after = triton.model_statistics(server.grpc_url, "postprocess")
+    after = tritonserver.model_statistics(server.grpc_url, "postprocess")
     assert after["inference_count"] - before["inference_count"] == 44  # warm-up included
-    hist = triton.batch_histogram(before, after)
+    hist = tritonserver.batch_histogram(before, after)
     assert sum(size * n for size, n in hist.items()) == 44
-    per = triton.per_request_ms(metrics_before, triton.scrape_metrics(server.metrics_url), "postprocess")
+    per = tritonserver.per_request_ms(metrics_before, tritonserver.scrape_metrics(server.metrics_url), "postprocess")
     assert per["requests"] == 44 and per["compute_ms"] > 0
     # wrong expectations are counted as wrong, not as failures
     bad = [{"LOGITS": e["LOGITS"] + 1.0} for e in expected]
-    r = load.run_load(server.grpc_url, "postprocess", requests, expected=bad, concurrency=2, max_requests=6)
+    r = loadgen.run_load(server.grpc_url, "postprocess", requests, expected=bad, concurrency=2, max_requests=6)
     assert (r.failed, r.wrong) == (0, 6) and r.errors
     # the time bound ends a run long before its request bound
     t0 = time.perf_counter()
-    r = load.run_load(server.grpc_url, "postprocess", requests, concurrency=2, max_requests=10**9, max_seconds=1.0)
+    r = loadgen.run_load(server.grpc_url, "postprocess", requests, concurrency=2, max_requests=10**9, max_seconds=1.0)
     assert time.perf_counter() - t0 < 10 and 0 < r.requests < 10**9
     # an unknown model fails every request, with the server's message
-    r = load.run_load(server.grpc_url, "nope", requests, concurrency=1, max_requests=3)
+    r = loadgen.run_load(server.grpc_url, "nope", requests, concurrency=1, max_requests=3)
     assert r.failed == 3 and "unknown model" in r.errors[0].lower()
 
 

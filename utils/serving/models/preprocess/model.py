@@ -1,4 +1,4 @@
-"""preprocess: UTF-8 text -> MiniLM token ids, padded to a fixed length (lesson 05; copied by utils.triton_repo).
+"""preprocess: UTF-8 text -> MiniLM token ids, padded to a fixed length (lesson 05; copied by utils.serving.repository).
 
 Config parameters: seq_len (every text is padded or truncated to it, so requests of any text can be batched) and
 max_text_bytes (a longer text is refused with INVALID_ARG, HTTP 400). tokenizer.json sits in the version folder.

@@ -1,4 +1,4 @@
-"""postprocess: mean pooling + L2 norm + a linear classifier (lesson 05; copied by utils.triton_repo).
+"""postprocess: mean pooling + L2 norm + a linear classifier (lesson 05; copied by utils.serving.repository).
 
 classifier.npz (weight [hidden, classes], bias [classes], labels) sits in the version folder, so each version of this
 model can be a different classifier served by the same code.

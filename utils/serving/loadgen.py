@@ -34,7 +34,7 @@ def check_loopback(url: str) -> str:
     rest = url.split("://", 1)[-1].split("/", 1)[0]
     host = rest.rsplit(":", 1)[0] if rest.count(":") == 1 or rest.startswith("[") else rest
     if host not in LOOPBACK_HOSTS:
-        raise ValueError(f"utils.load only sends traffic to this machine's loopback interface "
+        raise ValueError(f"utils.serving.loadgen only sends traffic to this machine's loopback interface "
                          f"({sorted(LOOPBACK_HOSTS)}); got host {host!r} in {url!r}")
     return url
 
@@ -243,7 +243,7 @@ def run_load(
         except BaseException as exc:  # re-raised in the caller's thread below
             box["error"] = exc
 
-    thread = threading.Thread(target=target, name="utils.load", daemon=True)
+    thread = threading.Thread(target=target, name="utils.serving.loadgen", daemon=True)
     thread.start()
     thread.join()
     if "error" in box:

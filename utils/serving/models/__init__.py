@@ -7,7 +7,7 @@ Each folder holds one ``model.py`` that Triton's Python backend runs inside its 
 - ``postprocess/model.py``: mean pooling, L2 normalisation and a linear classifier.
 
 They import ``triton_python_backend_utils``, which exists only inside the server's stub, so nothing here imports them;
-``utils.triton_repo`` copies them into a model repository (``model_file`` / ``build_pipeline``) and the lesson prints
+``utils.serving.repository`` copies them into a model repository (``model_file`` / ``build_pipeline``) and the lesson prints
 them from the copy the server runs. Ruff lints them like the rest of the package; tests/test_triton_server.py serves
 each of them on the real server.
 """

@@ -1,4 +1,4 @@
-"""encoder: MiniLM (ONNX) run by ONNX Runtime inside the Python backend (lesson 05; copied by utils.triton_repo).
+"""encoder: MiniLM (ONNX) run by ONNX Runtime inside the Python backend (lesson 05; copied by utils.serving.repository).
 
 Config parameters: intra_op_threads (0 = ONNX Runtime's default, one per physical core) and allow_spinning ("0": idle
 pool threads sleep instead of busy-waiting on a core another process needs). model.onnx sits in the version folder.

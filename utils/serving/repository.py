@@ -17,7 +17,7 @@ The lesson's pipeline is three Python-backend models and an ensemble that chains
 - postprocess: mean pooling, L2 normalisation and a linear classifier whose weights live in the version folder
   (``classifier.npz``), so version 1 and version 2 can be different classifiers served side by side.
 
-The three programs are real files of this package (``utils/triton_models/<name>/model.py``), linted and tested like
+The three programs are real files of this package (``utils/serving/models/<name>/model.py``), linted and tested like
 the rest; ``model_source`` reads one, the repository gets a copy, and ``function_source`` prints a method of the copy
 the server runs (the lesson shows the encoder's ``execute()`` that way).
 
@@ -32,7 +32,7 @@ import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from utils.triton_models import model_file
+from utils.serving.models import model_file
 
 __all__ = [
     "DTYPES",
@@ -354,7 +354,7 @@ def write_classifier(path: str | os.PathLike, weight, bias, labels: Sequence[str
 # ---------------------------------------------------------------------------------------------------------------------
 
 def model_source(model: str) -> str:
-    """The text of utils/triton_models/<model>/model.py ("preprocess", "encoder" or "postprocess") (lesson 05)."""
+    """The text of utils/serving/models/<model>/model.py ("preprocess", "encoder" or "postprocess") (lesson 05)."""
     return model_file(model).read_text()
 
 

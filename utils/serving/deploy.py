@@ -14,6 +14,8 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from utils.serving import repository
+
 __all__ = [
     "TRITON_IMAGE",
     "PORTS",
@@ -83,9 +85,7 @@ def k8s_manifest(
     /v2/health/ready, true once every model loaded; liveness: /v2/health/live; a startup probe allows
     `startup_seconds` to load. /dev/shm is a memory volume: the Python backend moves tensors through shared memory.
     """
-    from utils import triton_repo
-
-    configs = triton_repo.repository_configs(repo)
+    configs = repository.repository_configs(repo)
     if not configs:
         raise ValueError(f"model repository {repo} holds no model (no <model>/config.pbtxt)")
     if not isinstance(replicas, int) or replicas < 1:

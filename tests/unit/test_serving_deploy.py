@@ -1,4 +1,4 @@
-"""utils.triton_deploy (lesson 05): replicas from measured throughput, and the Kubernetes manifest of a repository
+"""utils.serving.deploy (lesson 05): replicas from measured throughput, and the Kubernetes manifest of a repository
 validated against the bundled Kubernetes schema."""
 
 import copy
@@ -8,8 +8,8 @@ import pytest
 
 pytest.importorskip("tritonclient", reason="the manifest reads the repository's configs through Triton's schema")
 
-from utils import triton_deploy as td
-from utils import triton_repo as tr
+from utils.serving import deploy as td
+from utils.serving import repository as tr
 
 
 @pytest.mark.parametrize("target, per_replica, utilization, want", [
