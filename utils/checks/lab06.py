@@ -19,17 +19,17 @@ from utils.kernels import ops, sweep
 
 PLACEHOLDER = "/*@INNER_LOOP@*/"
 
-TEMPLATE = Path(__file__).with_name("lab06_softmax.cpp")  # the C++ around the learner's loop
+TEMPLATE_PATH = Path(__file__).with_name("lab06_softmax.cpp")
+TEMPLATE = TEMPLATE_PATH.read_text()  # the C++ around the learner's loop (a few KB, read once)
 
 _op_counter = itertools.count()
 
 
 def lab_source(inner_loop: str) -> str:
     """lab06_softmax.cpp (TEMPLATE) with the learner's loop pasted in at PLACEHOLDER."""
-    text = TEMPLATE.read_text()
-    if PLACEHOLDER not in text:
-        raise RuntimeError(f"{TEMPLATE} lost its {PLACEHOLDER} marker: restore it from git")
-    return text.replace(PLACEHOLDER, inner_loop)
+    if PLACEHOLDER not in TEMPLATE:
+        raise RuntimeError(f"{TEMPLATE_PATH} lost its {PLACEHOLDER} marker: restore it from git")
+    return TEMPLATE.replace(PLACEHOLDER, inner_loop)
 
 
 def build_lab_extension(inner_loop_source) -> kernels.Extension:
