@@ -20,19 +20,25 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import ctypes
 import dataclasses
 import functools
 import os
+import platform
+import resource
 import sys
 import time
 from dataclasses import dataclass
 
-from utils import env
+import torch
+import torch.nn.functional as F
+
+from utils import bench, codeview, env, image_data, models, profiling
 from utils.profiling import phase
 
 __all__ = [
     "build_model", "LoopConfig", "Fix", "fixes", "FixTrial", "try_fix", "Trainer", "compare_loops", "amp_dtype",
-    "synthetic_step", "page_faults_per_step", "keep_freed_memory", "main",
+    "synthetic_step", "page_faults_per_step", "keep_freed_memory", "loop_source", "fix_diff", "main",
 ]
 
 
@@ -51,7 +57,6 @@ class LoopConfig:
     amp: bool = False  # autocast: bf16 on CPU, fp16 + GradScaler on CUDA
     cudnn_benchmark: bool = False  # let cuDNN time its algorithms and pick the fastest per shape (GPU only)
     compile_backend: str | None = None  # torch.compile(model, backend=...): "inductor", or "eager" for a cheap check
-    nvtx: bool = False  # NVTX ranges per phase (GPU only; Nsight Systems shows them)
 
     def __post_init__(self):
         if not isinstance(self.num_workers, int) or self.num_workers < 0:
@@ -82,7 +87,6 @@ class LoopConfig:
     def fast(cls, *, num_workers: int = 1, channels_last: bool = False, amp: bool = False,
              compile_backend: str | None = None) -> LoopConfig:
         """The slow loop minus its waste (syncs, copies, zeroing, per-tensor SGD), plus workers and chosen trade-offs."""
-        import torch
 
         cuda = torch.cuda.is_available()
         return cls(host_syncs=False, needless_copies=False, set_to_none=True, fused_optimizer=True,
@@ -116,7 +120,6 @@ class Fix:
 
 def fixes(*, worker_choices=(1, 2), compile_backend: str = "inductor") -> list[Fix]:
     """The fixes lesson 03 tries, each with the profile phase(s) it attacks."""
-    import torch
 
     cuda = torch.cuda.is_available()
     if not worker_choices or any((not isinstance(n, int)) or n < 1 for n in worker_choices):
@@ -164,7 +167,6 @@ def try_fix(current: Trainer, fix: Fix, dataset, *, min_run_time: float = 1.0, r
     The other candidates are closed; the caller decides whether to keep the returned trainer (and closes it if not).
     `trainer_kwargs` go to Trainer (batch_size, device, lr, ...).
     """
-    from utils import bench
 
     candidates, first = {}, {}
     for i, opt in enumerate(fix.options):
@@ -182,7 +184,6 @@ def try_fix(current: Trainer, fix: Fix, dataset, *, min_run_time: float = 1.0, r
 
 def amp_dtype(device):
     """The autocast dtype lesson 03's loop uses on `device`: float16 on CUDA (with loss scaling), bfloat16 on CPU."""
-    import torch
 
     return torch.float16 if torch.device(device).type == "cuda" else torch.bfloat16
 
@@ -210,10 +211,8 @@ def build_model(name: str = "resnet50", *, seed: int = 0, num_classes: int = 10,
 
 @functools.cache
 def _initial_model(name: str, seed: int, num_classes: int):
-    import torch
     from torchvision.models.resnet import BasicBlock, Bottleneck
 
-    from utils import models
 
     net = models.vision_model(name, seed=seed, num_classes=num_classes).train()
     with torch.no_grad():
@@ -229,119 +228,135 @@ class Trainer:
     """Model + optimizer + DataLoader + one training step, built from a LoopConfig (lesson 03).
 
     Two trainers with the same seed, dataset and batch size see the same batches in the same order and start from
-    the same weights, whatever their configs: their losses can be compared step by step.
+    the same weights, whatever their configs: their losses can be compared step by step. ``setup`` and ``train_on``
+    are written for reading: ``loop_source(config)`` prints them as a given config runs them.
     """
 
     def __init__(self, dataset, config: LoopConfig | None = None, *, batch_size: int, device="cpu", seed: int = 0,
                  lr: float = 0.001, model: str = "resnet50", num_classes: int = 10, log_path=None):
-        import torch
-
-        from utils import image_data
 
         self.config = config or LoopConfig()
         if not isinstance(self.config, LoopConfig):
             raise TypeError(f"config must be a LoopConfig, got {type(self.config).__name__}")
         self.device = torch.device(device)
-        cuda = self.device.type == "cuda"
-        if cuda and not torch.cuda.is_available():
+        if self.device.type == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("a CUDA device was asked for but none is visible; use device='cpu'")
         self.batch_size = batch_size
-        self.net = build_model(model, seed=seed, num_classes=num_classes, device=self.device)
-        if self.config.channels_last:
-            self.net = self.net.to(memory_format=torch.channels_last)
-        self.params = [p for p in self.net.parameters() if p.requires_grad]
-        # fused=None lets torch pick its default (a per-tensor loop on CPU tensors); fused=True is one kernel
-        self.optimizer = torch.optim.SGD(self.params, lr=lr, momentum=0.9, fused=self.config.fused_optimizer or None)
-        self.forward = self.net
-        if self.config.compile_backend:
-            _inductor_cache_in_build()
-            self.forward = torch.compile(self.net, backend=self.config.compile_backend)
-        self.scaler = torch.amp.GradScaler("cuda", enabled=cuda and self.config.amp)
-        self.loader = image_data.make_loader(
-            dataset, batch_size, num_workers=self.config.num_workers, pin_memory=self.config.pin_memory,
-            persistent_workers=self.config.persistent_workers, seed=seed,
-        )
+        self.setup(dataset, model=model, num_classes=num_classes, seed=seed, lr=lr)
         if len(self.loader) == 0:
             raise ValueError(f"the dataset ({len(dataset)} samples) is smaller than one batch of {batch_size}")
         self._iter = None
-        self._losses: list = []
-        self._checkpoint = None
+        self.loss_history: list = []  # floats, or loss tensors still on the device (read back by losses())
+        self.checkpoint = None
         self.steps_done = 0
         self._log_path = log_path or env.build_dir() / "logs" / "lesson03_train.log"
         self._log = None
 
+    def setup(self, dataset, *, model, num_classes, seed, lr):
+        """The model, the optimizer and the DataLoader, as the config asks."""
+        cfg = self.config
+        self.net = build_model(model, seed=seed, num_classes=num_classes, device=self.device)
+        if cfg.channels_last:
+            self.net = self.net.to(memory_format=torch.channels_last)  # NHWC in memory: channels vary fastest
+        if cfg.fused_optimizer:
+            # one kernel updates every parameter tensor
+            self.optimizer = torch.optim.SGD(self.net.parameters(), lr=lr, momentum=0.9, fused=True)
+        else:
+            # torch's default on CPU tensors: a loop over the parameter tensors, a few small ops each
+            self.optimizer = torch.optim.SGD(self.net.parameters(), lr=lr, momentum=0.9)
+        self.forward = self.net
+        if cfg.compile_backend:
+            _inductor_cache_in_build()  # compiled kernels are cached under build/
+            self.forward = torch.compile(self.net, backend=cfg.compile_backend)
+        if cfg.amp:
+            # fp16 on a GPU needs loss scaling; bf16 on a CPU does not, so there the scaler is switched off
+            self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.device.type == "cuda")
+        self.loader = image_data.make_loader(dataset, self.batch_size, num_workers=cfg.num_workers,
+                                             pin_memory=cfg.pin_memory, persistent_workers=cfg.persistent_workers,
+                                             seed=seed)
+
     # -- the step -------------------------------------------------------------------------------------------------
-    def _next_batch(self):
+    def next_batch(self):
+        """The loader's next batch; at the end of an epoch the next epoch starts (persistent workers survive this)."""
         if self._iter is None:
             self._iter = iter(self.loader)
         try:
             return next(self._iter)
-        except StopIteration:  # end of an epoch: start the next one (persistent workers survive this)
+        except StopIteration:
             self._iter = iter(self.loader)
             return next(self._iter)
 
     def step(self) -> None:
-        """One training step: data, copy to the device, zero_grad, forward, backward, optimizer, logging."""
-        with phase("data", self.config.nvtx):
-            images, labels = self._next_batch()
+        """One training step: the data phase, then train_on()."""
+        with phase("data"):
+            images, labels = self.next_batch()
         self.train_on(images, labels)
 
     def train_on(self, images, labels) -> None:
-        """The step without the data phase, on a batch you pass (lesson 03 times it on a cached batch)."""
-        import torch
-        import torch.nn.functional as F
-
-        cfg, nvtx, dev = self.config, self.config.nvtx, self.device
-        if dev.type == "cuda":
-            torch.backends.cudnn.benchmark = cfg.cudnn_benchmark  # a global switch: set it for this loop's step
-        with phase("copy" if cfg.needless_copies else "to_device", nvtx):
-            if cfg.needless_copies:  # "to be safe": copies nobody needs
+        """The step after the data phase, on a batch you pass; each phase is a profiler range (profiling.phase)."""
+        cfg = self.config
+        if self.device.type == "cuda":  # a process-wide switch: set it for this loop's step
+            torch.backends.cudnn.benchmark = cfg.cudnn_benchmark
+        if cfg.needless_copies:
+            with phase("copy"):  # "to be safe": copies nobody needs
                 images = images.clone().contiguous()
                 labels = torch.tensor(labels.tolist())
-            images = images.to(dev, non_blocking=cfg.pin_memory)
-            labels = labels.to(dev, non_blocking=cfg.pin_memory)
+        with phase("to_device"):
+            images = images.to(self.device, non_blocking=cfg.pin_memory)
+            labels = labels.to(self.device, non_blocking=cfg.pin_memory)
             if cfg.channels_last:
                 images = images.contiguous(memory_format=torch.channels_last)
-        with phase("zero_grad", nvtx):
+        with phase("zero_grad"):
             self.optimizer.zero_grad(set_to_none=cfg.set_to_none)
-        with phase("forward", nvtx):
-            with torch.autocast(dev.type, dtype=amp_dtype(dev), enabled=cfg.amp):
+        with phase("forward"):
+            if cfg.amp:
+                # autocast: matmuls and convolutions in 16 bits; reductions, losses and the weights stay fp32
+                with torch.autocast(self.device.type, dtype=amp_dtype(self.device)):
+                    logits = self.forward(images)
+                    loss = F.cross_entropy(logits, labels)
+            else:
                 logits = self.forward(images)
                 loss = F.cross_entropy(logits, labels)
-        with phase("backward", nvtx):
-            self.scaler.scale(loss).backward()
-        with phase("optimizer", nvtx):
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        with phase("logging", nvtx):
-            if cfg.host_syncs:
-                self._log_step(loss, logits, labels)
+        with phase("backward"):
+            if cfg.amp:
+                self.scaler.scale(loss).backward()  # times the loss scale (1 when the scaler is off)
             else:
-                self._losses.append(loss.detach())  # stays on the device: no sync
+                loss.backward()
+        with phase("optimizer"):
+            if cfg.amp:
+                self.scaler.step(self.optimizer)  # unscales the gradients; skips the step if one overflowed
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+        with phase("logging"):
+            if cfg.host_syncs:
+                self.log_step(loss, logits, labels)
+            else:
+                self.loss_history.append(loss.detach())  # stays on the device: no sync
         if cfg.needless_copies:
-            with phase("copy", nvtx):
-                # "keep a checkpoint we can resume from, just in case": every step, in memory
-                self._checkpoint = copy.deepcopy({"model": self.net.state_dict(),
-                                                  "optimizer": self.optimizer.state_dict()})
+            with phase("copy"):  # "keep a checkpoint we can resume from, just in case": every step, in memory
+                self.checkpoint = copy.deepcopy({"model": self.net.state_dict(),
+                                                 "optimizer": self.optimizer.state_dict()})
         self.steps_done += 1
 
-    def _log_step(self, loss, logits, labels) -> None:
+    def log_step(self, loss, logits, labels) -> None:
+        """The slow loop's logging: three kinds of host sync every step, and a line in the log file."""
         loss_value = loss.item()  # host sync
         accuracy = (logits.argmax(1) == labels).float().mean().item()  # host sync
-        grad_norm = sum(p.grad.norm().item() ** 2 for p in self.params if p.grad is not None) ** 0.5  # one per tensor
+        grad_norm = sum(p.grad.norm().item() ** 2 for p in self.net.parameters()) ** 0.5  # one sync per tensor
         if self._log is None:
             self._log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log = open(self._log_path, "a")  # noqa: SIM115 (closed in close())
         print(f"step {self.steps_done} loss {loss_value:.4f} acc {accuracy:.3f} grad_norm {grad_norm:.3f}",
               file=self._log, flush=True)
-        self._losses.append(loss_value)
+        self.loss_history.append(loss_value)
 
     # -- results and lifetime ------------------------------------------------------------------------------------
     def run(self, steps: int, progress: bool = False) -> list[float]:
         """Run `steps` steps; returns the losses of those steps."""
         if steps < 1:
             raise ValueError(f"steps must be positive, got {steps}")
-        start = len(self._losses)
+        start = len(self.loss_history)
         it = range(steps)
         if progress:
             from tqdm.auto import tqdm
@@ -353,22 +368,20 @@ class Trainer:
 
     def losses(self) -> list[float]:
         """The loss of every step so far, as floats (one host sync for the whole list when steps did not sync)."""
-        import torch
-
-        tensors = [(i, v) for i, v in enumerate(self._losses) if not isinstance(v, float)]
+        tensors = [(i, v) for i, v in enumerate(self.loss_history) if not isinstance(v, float)]
         if tensors:
             values = torch.stack([v.float() for _, v in tensors]).tolist()
             for (i, _), value in zip(tensors, values, strict=True):
-                self._losses[i] = value
-        return list(self._losses)
+                self.loss_history[i] = value
+        return list(self.loss_history)
 
     def close(self) -> None:
         """Stop the DataLoader workers and close the log file."""
         it, self._iter = self._iter, None
-        for obj in (it, getattr(self.loader, "_iterator", None)):
+        for obj in (it, getattr(getattr(self, "loader", None), "_iterator", None)):
             if obj is not None and hasattr(obj, "_shutdown_workers"):
                 obj._shutdown_workers()
-        if self._log is not None:
+        if getattr(self, "_log", None) is not None:
             self._log.close()
             self._log = None
 
@@ -383,14 +396,29 @@ class Trainer:
             self.close()
 
 
+def loop_source(config: LoopConfig) -> str:
+    """Trainer.setup, Trainer.step and Trainer.train_on as `config` runs them: the switches resolved (lesson 03).
+
+    Printed from the very methods that run (utils.codeview.specialize), so the listing cannot drift from the code.
+    """
+    if not isinstance(config, LoopConfig):
+        raise TypeError(f"loop_source() takes a LoopConfig, got {type(config).__name__}")
+    values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    return "\n".join(codeview.specialize(fn, values) for fn in (Trainer.setup, Trainer.step, Trainer.train_on))
+
+
+def fix_diff(before: LoopConfig, after: LoopConfig, *, context: int = 1) -> str:
+    """What changing `before` into `after` changes in the loop's code: a unified diff of loop_source (lesson 03)."""
+    return codeview.diff(loop_source(before), loop_source(after), before_name=before.describe(),
+                         after_name=after.describe(), context=context)
+
+
 def page_faults_per_step(trainer: Trainer, steps: int = 3) -> tuple[float, float]:
     """(minor page faults per step, ms per step) of `steps` steps of `trainer` (lesson 03).
 
     A minor fault is the kernel handing the process a fresh, zeroed 4 KiB page on first touch: memory the allocator
     had just returned to the operating system and now takes back. Counted with getrusage for this process.
     """
-    import resource
-    import time
 
     if not isinstance(trainer, Trainer):
         raise TypeError(f"page_faults_per_step() takes a Trainer, got {type(trainer).__name__}")
@@ -413,8 +441,6 @@ def keep_freed_memory() -> str:
     same is available without code as GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=2147483647.
     Returns what it did; raises RuntimeError where the C library is not glibc.
     """
-    import ctypes
-    import platform
 
     if platform.system() != "Linux":
         raise RuntimeError(f"keep_freed_memory() needs Linux with glibc; this is {platform.system()}: use jemalloc or "
@@ -430,30 +456,32 @@ def keep_freed_memory() -> str:
     return "glibc malloc keeps freed memory: large blocks come from the heap (M_MMAP_MAX=0), the heap is never trimmed"
 
 
-def compare_loops(trainers: dict, *, min_run_time: float = 1.0, rounds: int = 2, baseline: str | None = None,
+def compare_loops(loops: dict, *, min_run_time: float = 1.0, rounds: int = 2, baseline: str | None = None,
                   verbose: bool = True) -> dict:
-    """Time `trainer.step` of each trainer side by side (utils.bench.measure), round-robin `rounds` times (lesson 03).
+    """Time each loop's step side by side (utils.bench.measure), round-robin `rounds` times (lesson 03).
 
+    A loop is a Trainer (its .step is timed) or a callable that runs one step (e.g. lesson 03's compute-bound step).
     Before each round a trainer with workers first runs 2 * num_workers steps, so batches its workers prefetched while
     another loop was being timed are used up and cannot flatter it (bench.measure's block-size estimate adds one
-    more untimed step). Returns {name: BenchResult}, keeping each
-    trainer's best round, and prints each one's speedup over `baseline` (default: the first).
+    more untimed step). Returns {name: BenchResult}, keeping each loop's best round, and prints each one's speedup
+    over `baseline` (default: the first).
     """
-    from utils import bench
-
-    if not trainers:
-        raise ValueError("compare_loops() needs at least one trainer")
-    bad = [k for k, t in trainers.items() if not isinstance(t, Trainer)]
+    if not loops:
+        raise ValueError("compare_loops() needs at least one loop")
+    bad = [k for k, t in loops.items() if not (isinstance(t, Trainer) or callable(t))]
     if bad:
-        raise TypeError(f"compare_loops() takes Trainer objects; not Trainers: {bad}")
-    baseline = baseline or next(iter(trainers))
-    if baseline not in trainers:
-        raise KeyError(f"baseline {baseline!r} is not among {list(trainers)}")
+        raise TypeError(f"compare_loops() takes Trainer objects or step callables; neither: {bad}")
+    baseline = baseline or next(iter(loops))
+    if baseline not in loops:
+        raise KeyError(f"baseline {baseline!r} is not among {list(loops)}")
     best: dict = {}
     for _ in range(rounds):
-        for name, tr in trainers.items():
-            res = bench.measure(tr.step, label=name, warmup=2 * tr.config.num_workers,
-                                min_run_time=min_run_time, items=tr.batch_size)
+        for name, loop in loops.items():
+            if isinstance(loop, Trainer):
+                res = bench.measure(loop.step, label=name, warmup=2 * loop.config.num_workers,
+                                    min_run_time=min_run_time, items=loop.batch_size)
+            else:
+                res = bench.measure(loop, label=name, warmup=1, min_run_time=min_run_time)
             if name not in best or res.median_ms < best[name].median_ms:
                 best[name] = res
     if verbose:
@@ -467,8 +495,6 @@ def compare_loops(trainers: dict, *, min_run_time: float = 1.0, rounds: int = 2,
 def synthetic_step(batch_size: int, image_size: int, *, amp: bool = False, channels_last: bool = False,
                    device="cpu", model: str = "resnet50", seed: int = 0):
     """A training step on one fixed random batch (no data loading): pure compute, for lesson 03's AMP sweep."""
-    import torch
-    import torch.nn.functional as F
 
     dev = torch.device(device)
     torch.manual_seed(seed)
@@ -505,13 +531,11 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="auto")
     args = parser.parse_args(argv)
 
-    import torch
 
-    from utils import image_data
 
     device = env.choose_device(args.device)
     config = LoopConfig() if args.config == "slow" else LoopConfig.fast(num_workers=args.num_workers, amp=args.amp)
-    config = config.with_(nvtx=args.nvtx)
+    profiling.set_nvtx(args.nvtx)
     images = image_data.synthetic_cifar(1024)
     dataset = image_data.AugmentedImages(images, image_size=args.image_size, length=args.steps * args.batch_size)
     with Trainer(dataset, config, batch_size=args.batch_size, device=device) as trainer:
