@@ -169,7 +169,7 @@ def test_agenda_uses_measured_run_times_and_marks_missing_ones(build, tmp_path):
 
 
 def test_the_amp_claim_says_whether_the_hardware_prediction_held():
-    base = {"amp_speedup_128px": 0.09, "amp_gemm_probe_ratio": 0.05}
+    base = {"amp_speedup_128px": 0.09, "amp_layer_probe_ratio": 0.05}
     slow = _results(**{"03_profiling_amp": {"metrics": {"amp_speedup": 0.08, "amp_prediction": "slower",
                                                         "amp_prediction_held": True, **base}}})
     row = _by_id(claims.evaluate(slow))["amp-training-speedup"]

@@ -1,34 +1,42 @@
 """Predict what mixed precision (AMP) does to a training step on this hardware, before timing it (lesson 03).
 
 Autocast speeds up only the matrix math (convolutions, matmuls), and only where the hardware computes 16-bit
-products faster than fp32 ones. So the prediction needs two numbers and the capability table that explains them:
+products faster than fp32 ones; and it adds work of its own, casting the weights to 16 bits every step and their
+gradients back. The prediction reads the capability table for the reason, and measures three small things:
 
-- ``matmul_share(profile)``: the share of the fp32 step spent in convolution and matmul operators (from a profile);
-- ``gemm_probe(shapes)``: how much faster the same matrix products run in 16 bits than in fp32 on this machine,
-  timed as plain matmuls of the model's own GEMM shapes (``gemm_shapes(model, example)``);
 - ``hardware_units(flags, gpu_capability)``: what the CPU flags (utils.env.cpu_flags) or the GPU's compute capability
-  say about 16-bit units: the reason the probe comes out as it does.
+  say about 16-bit units;
+- ``matmul_share(profile)``: the share of the fp32 step spent in convolution and matmul operators (from a profile);
+- ``layer_probe(model, example)``: the model's own convolution and linear layers, run one by one in fp32 and in 16
+  bits: how much faster its matrix math gets here (``gemm_probe`` times plain matmuls of the same shapes, the
+  units' best case, for comparison);
+- ``cast_probe(model)``: what casting the weights to 16 bits and a gradient's worth back costs per step.
 
 ``predict_amp(...)`` combines them with Amdahl's law into an expectation: faster, about the same, or slower.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
-from utils import bench, profiling
+from utils import profiling
 
 __all__ = [
-    "FLAGS", "FASTER", "SLOWER", "MATMUL_OPS", "Units", "hardware_units", "gemm_shapes", "GemmProbe", "gemm_probe",
-    "matmul_share", "AmpPrediction", "predict_amp", "outcome",
+    "FLAGS", "FASTER", "SLOWER", "MATMUL_OPS", "Units", "hardware_units", "gemm_shapes", "Probe", "gemm_probe",
+    "layer_probe", "cast_probe", "matmul_share", "AmpPrediction", "predict_amp", "outcome",
 ]
 
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16")  # the capability table's rows
-FASTER, SLOWER = 1.05, 0.95  # a step ratio (fp32 time / AMP time) outside this band counts as faster or slower
+# fp32 time / AMP time from FASTER up counts as faster, up to SLOWER as slower, between as about the same: the
+# estimate leaves out second-order costs (the backward's own kernels, activation casts), so it is not finer than 10%
+FASTER, SLOWER = 1.10, 1 / 1.10
 MATMUL_OPS = ("conv", "mm", "matmul", "linear", "gemm")  # operator names that run convolutions or matrix products
 GPU_MATMUL_KERNELS = ("gemm", "conv", "xmma", "cutlass", "cudnn", "wgrad", "dgrad")  # the same, as GPU kernel names
+_LAYERS = (torch.nn.Conv2d, torch.nn.Linear)
 
 
 @dataclass(frozen=True)
@@ -37,7 +45,6 @@ class Units:
 
     name: str
     meaning: str
-    ceiling: float | None  # the most a 16-bit GEMM can gain over fp32 on these units (None: no useful limit)
 
     def __str__(self) -> str:
         return f"{self.name}: {self.meaning}"
@@ -49,22 +56,21 @@ def hardware_units(flags, gpu_capability: tuple[int, int] | None = None) -> Unit
         major, minor = gpu_capability
         if (major, minor) >= (7, 0):
             return Units(f"tensor cores (compute capability {major}.{minor})",
-                         "fp16 matrix products at several times the fp32 rate", None)
+                         "fp16 matrix products at several times the fp32 rate")
         return Units(f"no tensor cores (compute capability {major}.{minor})",
-                     "fp16 runs on the fp32 units: little to gain beyond memory traffic", 2.0)
+                     "fp16 runs on the fp32 units: little to gain beyond memory traffic")
     flags = set(flags)
     if "amx_bf16" in flags:
-        return Units("AMX tiles (amx_bf16)", "bf16 matrix products on tile units, many times the fp32 vector rate",
-                     None)
+        return Units("AMX tiles (amx_bf16)", "bf16 matrix products on tile units, many times the fp32 vector rate")
     if "avx512_bf16" in flags:
         return Units("AVX512-BF16 dot products (avx512_bf16, no AMX)",
-                     "one instruction does twice the multiply-adds of an fp32 FMA: at most 2x on the matrix math", 2.0)
+                     "one instruction does twice the multiply-adds of an fp32 FMA: twice the peak rate, at best, "
+                     "for the matrix math")
     if "avx512f" in flags:
         return Units("AVX-512 without bf16 arithmetic",
-                     "oneDNN widens bf16 to fp32, computes in fp32 and narrows the result: extra work, no faster math",
-                     1.0)
+                     "oneDNN widens bf16 to fp32, computes in fp32 and narrows the result: extra work, no faster math")
     return Units("no AVX-512 (AVX2 at most)",
-                 "no vectorised bf16 kernels in oneDNN: PyTorch falls back to generic code, far slower than fp32", 1.0)
+                 "no vectorised bf16 kernels in oneDNN: PyTorch falls back to generic code, far slower than fp32")
 
 
 def gemm_shapes(model, example) -> list[tuple[int, int, int]]:
@@ -99,47 +105,124 @@ def gemm_shapes(model, example) -> list[tuple[int, int, int]]:
 
 
 @dataclass(frozen=True)
-class GemmProbe:
-    """Time for all the GEMMs once in fp32 and in `dtype` (lesson 03): the ratio is what 16 bits buy here."""
+class Probe:
+    """The fastest call of some work in fp32 and in a 16-bit `dtype` (lesson 03): the ratio is what 16 bits buy."""
 
+    what: str
     dtype: str
     fp32_ms: float
     low_ms: float
-    gflop: float
+    gflop: float = 0.0
 
     @property
     def ratio(self) -> float:
         return self.fp32_ms / self.low_ms
 
     def __str__(self) -> str:
-        return (f"{self.gflop:.2f} GFLOP of GEMMs: fp32 {self.fp32_ms:.1f} ms ({self.gflop / self.fp32_ms * 1e3:.0f} "
-                f"GFLOP/s), {self.dtype} {self.low_ms:.1f} ms ({self.gflop / self.low_ms * 1e3:.0f} GFLOP/s): "
-                f"{self.ratio:.2f}x")
+        rate = (lambda ms: f" ({self.gflop / ms * 1e3:.0f} GFLOP/s)") if self.gflop else (lambda ms: "")
+        return (f"{self.what}: fp32 {self.fp32_ms:.1f} ms{rate(self.fp32_ms)}, {self.dtype} {self.low_ms:.1f} ms"
+                f"{rate(self.low_ms)}: {self.ratio:.2f}x")
 
 
-def gemm_probe(shapes, dtype=torch.bfloat16, *, device="cpu", min_run_time: float = 0.5, rounds: int = 2,
-               seed: int = 0) -> GemmProbe:
-    """Time plain matmuls of the given (M, K, N) shapes in fp32 and in `dtype`, interleaved, best of `rounds`."""
+def _check(dtype, calls) -> None:
+    if dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"dtype must be torch.bfloat16 or torch.float16, got {dtype}")
+    if not isinstance(calls, int) or calls < 1:
+        raise ValueError(f"calls must be a positive int, got {calls!r}")
+
+
+def _fastest(fp32_fn, low_fn, calls: int, device) -> tuple[float, float]:
+    """Run the two alternately `calls` times each; each keeps its fastest call (ms).
+
+    On a shared machine other programs only ever slow a call down, so the fastest of many short calls is the one
+    least disturbed (a median over long blocks would average the disturbance in).
+    """
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+
+    def timed(fn) -> float:
+        sync()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            fn()
+        sync()
+        return (time.perf_counter() - t0) * 1e3
+
+    timed(fp32_fn), timed(low_fn)  # first calls: kernel selection, allocations
+    best32 = best16 = float("inf")
+    for _ in range(calls):
+        best32, best16 = min(best32, timed(fp32_fn)), min(best16, timed(low_fn))
+    return best32, best16
+
+
+def gemm_probe(shapes, dtype=torch.bfloat16, *, device="cpu", calls: int = 20, seed: int = 0) -> Probe:
+    """Plain matmuls of the given (M, K, N) shapes in fp32 and in `dtype`: the 16-bit units' best case (lesson 03)."""
     shapes = [tuple(int(v) for v in s) for s in shapes]
     if not shapes or any(len(s) != 3 or min(s) < 1 for s in shapes):
         raise ValueError(f"shapes must be (M, K, N) triples of positive ints, got {shapes[:3]!r}...")
-    if dtype not in (torch.bfloat16, torch.float16):
-        raise ValueError(f"dtype must be torch.bfloat16 or torch.float16, got {dtype}")
+    _check(dtype, calls)
     gen = torch.Generator().manual_seed(seed)
     pairs32 = [(torch.randn(m, k, generator=gen).to(device), torch.randn(k, n, generator=gen).to(device))
                for m, k, n in shapes]
     pairs16 = [(a.to(dtype), b.to(dtype)) for a, b in pairs32]
-
-    def run(pairs):
-        return [a @ b for a, b in pairs]
-
-    best = {}
-    for _ in range(rounds):
-        for name, pairs in (("fp32", pairs32), ("low", pairs16)):
-            ms = bench.measure(lambda p=pairs: run(p), name, warmup=1, min_run_time=min_run_time).median_ms
-            best[name] = min(best.get(name, ms), ms)
+    fp32_ms, low_ms = _fastest(lambda: [a @ b for a, b in pairs32], lambda: [a @ b for a, b in pairs16], calls,
+                               device)
     gflop = sum(2 * m * k * n for m, k, n in shapes) / 1e9
-    return GemmProbe(str(dtype).removeprefix("torch."), best["fp32"], best["low"], gflop)
+    return Probe("plain matmuls of the model's GEMM shapes", str(dtype).removeprefix("torch."), fp32_ms, low_ms, gflop)
+
+
+def _run_layers(layers, dtype):
+    for module, x, w in layers:
+        if isinstance(module, torch.nn.Conv2d):
+            F.conv2d(x, w, None, module.stride, module.padding, module.dilation, module.groups)
+        else:
+            F.linear(x, w)
+
+
+def layer_probe(model, example, dtype=torch.bfloat16, *, calls: int = 20) -> Probe:
+    """The model's convolution and linear layers, each on the input it gets from `example`, in fp32 and `dtype`.
+
+    The same kernels the training step's forward runs (lesson 03), without the rest of the model around them.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"layer_probe() needs a torch.nn.Module, got {type(model).__name__}")
+    _check(dtype, calls)
+    inputs = []
+    handles = [m.register_forward_hook(lambda m, i, o: inputs.append((m, i[0].detach().clone())))
+               for m in model.modules() if isinstance(m, _LAYERS)]
+    try:
+        with torch.no_grad():
+            model(example)
+    finally:
+        for h in handles:
+            h.remove()
+    if not inputs:
+        raise ValueError(f"{type(model).__name__} has no Conv2d or Linear layer: nothing for AMP to speed up")
+    layers32 = [(m, x.float(), m.weight.detach().float()) for m, x in inputs]
+    layers16 = [(m, x.to(dtype), w.to(dtype)) for m, x, w in layers32]
+    fp32_ms, low_ms = _fastest(lambda: _run_layers(layers32, torch.float32), lambda: _run_layers(layers16, dtype),
+                               calls, example.device)
+    gflop = sum(2 * m * k * n for m, k, n in gemm_shapes(model, example)) / 1e9
+    return Probe("the model's own conv and linear layers", str(dtype).removeprefix("torch."), fp32_ms, low_ms, gflop)
+
+
+def cast_probe(model, dtype=torch.bfloat16, *, calls: int = 10) -> float:
+    """Milliseconds autocast spends per training step casting (lesson 03), measured as the fastest of `calls`.
+
+    Forward: every conv and linear weight fp32 -> 16 bits; backward: each weight's 16-bit gradient -> fp32.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"cast_probe() needs a torch.nn.Module, got {type(model).__name__}")
+    _check(dtype, calls)
+    weights = [m.weight.detach() for m in model.modules() if isinstance(m, _LAYERS)]
+    grads16 = [w.to(dtype) for w in weights]
+    device = weights[0].device if weights else "cpu"
+
+    def casts():
+        for w, g in zip(weights, grads16, strict=True):
+            w.to(dtype)
+            g.float()
+
+    return _fastest(casts, lambda: None, calls, device)[0]
 
 
 def matmul_share(profile, phases=("forward", "backward")) -> float:
@@ -167,24 +250,18 @@ class AmpPrediction:
     """What AMP should do to the step here, and why (lesson 03)."""
 
     expected: str  # "faster", "about the same" or "slower"
-    estimate: float  # Amdahl: 1 / ((1 - share) + share / gemm_ratio)
+    estimate: float  # 1 / ((1 - share) + share / layer_ratio + cast_share)
     units: Units
     share: float
-    gemm_ratio: float
-
-    @property
-    def probe_agrees(self) -> bool:
-        """False when the GEMM probe gained more than the units allow (25% slack): a busy machine skewed it."""
-        return self.units.ceiling is None or self.gemm_ratio <= 1.25 * self.units.ceiling
+    layer_ratio: float
+    cast_share: float
 
     def __str__(self) -> str:
-        text = (f"{self.units}. The matrix math is {self.share:.0%} of the fp32 step and runs {self.gemm_ratio:.2f}x "
-                f"as fast in 16 bits here, so the step should take {(1 - self.share) + self.share / self.gemm_ratio:.2f} "
-                f"of its fp32 time: {self.estimate:.2f}x, i.e. {self.expected}")
-        if not self.probe_agrees:
-            text += (f" (but the probe's {self.gemm_ratio:.2f}x is more than these units allow, about "
-                     f"{self.units.ceiling:g}x: the machine was probably busy while it ran; rerun the cell)")
-        return text
+        left = (1 - self.share) + self.share / self.layer_ratio + self.cast_share
+        return (f"{self.units}. The matrix math is {self.share:.0%} of the fp32 step and the model's layers run "
+                f"{self.layer_ratio:.2f}x as fast in 16 bits here; the casts add {self.cast_share:.0%} of the step. "
+                f"So the step should take {1 - self.share:.2f} + {self.share:.2f} / {self.layer_ratio:.2f} + "
+                f"{self.cast_share:.2f} = {left:.2f} of its fp32 time: {self.estimate:.2f}x, i.e. {self.expected}")
 
 
 def outcome(speedup: float) -> str:
@@ -194,17 +271,19 @@ def outcome(speedup: float) -> str:
     return "faster" if speedup >= FASTER else "slower" if speedup <= SLOWER else "about the same"
 
 
-def predict_amp(*, flags, gemm_ratio: float, share: float, gpu_capability: tuple[int, int] | None = None
-                ) -> AmpPrediction:
-    """Expect faster / about the same / slower from the 16-bit units, the GEMM probe and the matmul share (lesson 03).
+def predict_amp(*, flags, layer_ratio: float, share: float, cast_share: float = 0.0,
+                gpu_capability: tuple[int, int] | None = None) -> AmpPrediction:
+    """Expect faster / about the same / slower (lesson 03), by Amdahl's law plus autocast's own casts.
 
-    Amdahl's law: only the matrix math changes speed (by `gemm_ratio`); the rest of the step stays as it is. The
-    estimate leaves out autocast's own casts, so it is an upper bound on what AMP can gain here.
+    Only the matrix math (`share` of the fp32 step) changes speed, by `layer_ratio`; the rest stays as it is; the
+    casts add `cast_share` of the fp32 step. `flags` / `gpu_capability` name the units that explain the ratio.
     """
     if not 0 <= share <= 1:
         raise ValueError(f"share is a fraction of the step between 0 and 1, got {share!r}")
-    if not gemm_ratio > 0:
-        raise ValueError(f"gemm_ratio is a positive speed ratio, got {gemm_ratio!r}")
+    if not layer_ratio > 0:
+        raise ValueError(f"layer_ratio is a positive speed ratio, got {layer_ratio!r}")
+    if not cast_share >= 0:
+        raise ValueError(f"cast_share is a fraction of the step >= 0, got {cast_share!r}")
     units = hardware_units(flags, gpu_capability)
-    estimate = 1 / ((1 - share) + share / gemm_ratio)
-    return AmpPrediction(outcome(estimate), estimate, units, share, gemm_ratio)
+    estimate = 1 / ((1 - share) + share / layer_ratio + cast_share)
+    return AmpPrediction(outcome(estimate), estimate, units, share, layer_ratio, cast_share)
