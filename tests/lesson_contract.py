@@ -24,7 +24,8 @@ REQUIRED_METRICS = {
     "03_profiling_amp": [
         "baseline_step_ms", "optimized_step_ms", "train_speedup", "amp_speedup", "channels_last_speedup",
         "dataloader_workers_speedup", "amp_loss_max_rel_diff", "trace_events", "top_bottleneck_before",
-        "top_bottleneck_after",
+        "top_bottleneck_after", "amp_prediction", "amp_prediction_held", "compute_bound_step_ms", "loop_efficiency",
+        "baseline_efficiency",
     ],
     "04_onnx_tensorrt": [
         "onnx_parity_max_abs", "ort_speedup_vs_eager_bs8", "ort_nodes_before_opt", "ort_nodes_after_opt",

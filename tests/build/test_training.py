@@ -9,7 +9,8 @@ import sys
 import pytest
 import torch
 
-from utils import image_data, training
+from utils.core.data import image_data
+from utils import training
 from utils.core import bench
 
 SMALL = dict(batch_size=2, model="resnet18", lr=0.001)
@@ -92,8 +93,11 @@ def test_compare_and_try_fix(dataset):
         with trial.trainer:
             assert trial.trainer.config.host_syncs is False and trial.speedup > 0
             assert trial.label == "no syncs"
-    with pytest.raises(TypeError, match="Trainer"):
-        training.compare_loops({"x": lambda: None})
+    with pytest.raises(TypeError, match="step callables"):
+        training.compare_loops({"x": 3})
+    calls = []
+    res = training.compare_loops({"callable": lambda: calls.append(1)}, min_run_time=0.01, rounds=1, verbose=False)
+    assert calls and res["callable"].median_ms >= 0
     with pytest.raises(ValueError, match="at least one"):
         training.compare_loops({})
 
@@ -152,3 +156,40 @@ def test_keep_freed_memory_stops_refaulting_a_freed_block():
     assert "keeps freed memory" in message, shown
     assert before > 5 * 10_000, shown  # 64 MiB is 16384 pages, faulted in again on each of the 5 allocations
     assert after < before / 10, shown
+
+
+def test_loop_source_shows_each_config_without_switches():
+    slow, fast = training.LoopConfig(), training.LoopConfig.fast(num_workers=2, amp=True)
+    slow_src, fast_src = training.loop_source(slow), training.loop_source(fast)
+    for src in (slow_src, fast_src):
+        assert "cfg" not in src and "def train_on" in src and "def setup" in src
+        compile(src, "<loop>", "exec")
+    assert "images.clone()" in slow_src and "self.log_step(" in slow_src and "set_to_none=False" in slow_src
+    assert "images.clone()" not in fast_src and "self.log_step(" not in fast_src
+    assert "set_to_none=True" in fast_src and "fused=True" in fast_src and "torch.autocast" in fast_src
+    assert "num_workers=2" in fast_src and "torch.autocast" not in slow_src
+    # comments inside a taken branch survive
+    assert '# "to be safe": copies nobody needs' in slow_src
+
+
+def test_fix_diff_is_the_lines_a_fix_changes():
+    slow = training.LoopConfig()
+    d = training.fix_diff(slow, slow.with_(host_syncs=False))
+    removed = [line for line in d.splitlines() if line.startswith("-") and not line.startswith("---")]
+    added = [line for line in d.splitlines() if line.startswith("+") and not line.startswith("+++")]
+    assert removed == ["-        self.log_step(loss, logits, labels)"]
+    assert len(added) == 1 and "loss_history.append(loss.detach())" in added[0]
+    assert training.fix_diff(slow, slow) == ""
+    with pytest.raises(TypeError, match="LoopConfig"):
+        training.loop_source({"amp": True})
+
+
+def test_log_step_override_is_the_by_hand_fix(dataset):
+    class LossOnDevice(training.Trainer):
+        def log_step(self, loss, logits, labels):
+            self.loss_history.append(loss.detach())
+
+    with training.Trainer(dataset, training.LoopConfig(), **SMALL) as slow, \
+            LossOnDevice(dataset, training.LoopConfig(), **SMALL) as by_hand:
+        assert slow.run(2) == by_hand.run(2)
+        assert not isinstance(by_hand.loss_history[0], float) or by_hand.losses()

@@ -179,3 +179,18 @@ def test_agenda_uses_measured_run_times_and_marks_missing_ones(build, tmp_path):
     (tmp_path / "plain.md").write_text("no block")
     with pytest.raises(ValueError, match="agenda:start"):
         agenda.update_agenda(tmp_path / "plain.md", results)
+
+
+def test_the_amp_claim_says_whether_the_hardware_prediction_held():
+    base = {"amp_speedup_128px": 0.09, "amp_layer_probe_ratio": 0.05}
+    slow = _results(**{"03_profiling_amp": {"metrics": {"amp_speedup": 0.08, "amp_prediction": "slower",
+                                                        "amp_prediction_held": True, **base}}})
+    row = _by_id(claims.evaluate(slow))["amp-training-speedup"]
+    assert row.verdict == "does not hold"
+    assert "predicted from this machine's hardware before measuring: slower" in row.reason and "held" in row.reason
+    missed = _results(**{"03_profiling_amp": {"metrics": {"amp_speedup": 1.02, "amp_prediction": "faster",
+                                                          "amp_prediction_held": False}}})
+    assert "did not hold" in _by_id(claims.evaluate(missed))["amp-training-speedup"].reason
+    fast = _results(**{"03_profiling_amp": {"metrics": {"amp_speedup": 1.4}}})
+    row = _by_id(claims.evaluate(fast))["amp-training-speedup"]
+    assert row.verdict == "holds" and "predicted" not in row.reason

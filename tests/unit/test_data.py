@@ -1,9 +1,9 @@
-"""utils.image_data (lesson 03): encoded synthetic images, per-sample seeded augmentation, loaders."""
+"""utils.core.data.image_data (lesson 03): encoded synthetic images, per-sample seeded augmentation, loaders."""
 
 import pytest
 import torch
 
-from utils import image_data
+from utils.core.data import image_data
 
 
 @pytest.fixture(scope="module")

@@ -1,11 +1,11 @@
-"""utils.profiling (lesson 03): labelled phases, schedules, trace export, breakdowns and the bottleneck finder."""
+"""utils.training.profiling (lesson 03): labelled phases, schedules, trace export, breakdowns and the bottleneck finder."""
 
 import json
 
 import pytest
 import torch
 
-from utils import profiling
+from utils.training import profiling
 
 
 def _step():

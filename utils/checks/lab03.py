@@ -6,8 +6,9 @@ import statistics
 import time
 from pathlib import Path
 
-from utils import profiling
+from utils import training
 from utils.checks import LabCheckFailed, call, expect, passed
+from utils.training import profiling
 
 
 def check_profile(profile_fn, trace_path) -> None:
@@ -61,7 +62,7 @@ def _reference_profile():
 
 
 def check_breakdown(breakdown_fn) -> None:
-    """The learner's per-phase breakdown (ms per step) agrees with utils.profiling.phase_times on a known profile."""
+    """The learner's per-phase breakdown (ms per step) agrees with utils.training.profiling.phase_times on a known profile."""
     ref_profile = _reference_profile()
     got = call(breakdown_fn, ref_profile.prof, what="phase_breakdown(prof)")
     expect(isinstance(got, dict) and got, f"phase_breakdown() should return a dict {{phase: ms per step}}, got {got!r:.80}")
@@ -91,13 +92,31 @@ def _timed_run(fn, dataset, steps, batch_size, what):
     return values, [(b - a) * 1e3 for a, b in zip(stamps, stamps[1:], strict=False)]
 
 
+def _compute_bound_ms(dataset, steps: int, batch_size: int) -> list[float]:
+    """Per-step times of the compute bound: the same model's fp32 forward, backward and fused SGD step, on batches
+    already in memory (no loader, no copies, no syncs); lesson 03 section 7 measures it the same way."""
+    trainer = training.Trainer(dataset, training.LoopConfig.fast(num_workers=0), batch_size=batch_size)
+    try:
+        batches = [trainer.next_batch() for _ in range(min(4, len(trainer.loader)))]
+        trainer.train_on(*batches[0])  # the first step allocates
+        stamps = [time.perf_counter()]
+        for i in range(steps - 1):
+            trainer.train_on(*batches[i % len(batches)])
+            stamps.append(time.perf_counter())
+    finally:
+        trainer.close()
+    return [(b - a) * 1e3 for a, b in zip(stamps, stamps[1:], strict=False)]
+
+
 def check_fast_loop(fast_train, slow_train, dataset, *, batch_size: int, steps: int, min_speedup: float = 1.1,
                     rtol: float = 1e-3, rounds: int = 3) -> float:
     """The learner's loop vs the slow loop, in the same run: same losses (rtol) and at least `min_speedup` faster.
 
     Both loops run `rounds` times, alternating. A loop's step time is the *fastest* interval between two of its
     on_step() calls over all rounds: start-up costs (building the model, starting workers) are not counted, and on a
-    shared machine the fastest step is the one least disturbed by other processes, so the ratio is stable.
+    shared machine the fastest step is the one least disturbed by other processes, so the ratio is stable. The
+    compute bound (the same model's step on batches in memory) runs in the same rounds; the learner's efficiency
+    against it is reported, not judged.
     """
     if steps < 3:
         raise ValueError(f"steps must be >= 3 to time steps between on_step() calls, got {steps}")
@@ -110,10 +129,12 @@ def check_fast_loop(fast_train, slow_train, dataset, *, batch_size: int, steps: 
            "Same seed, same dataset, same batch size and learning rate must give the same losses: keep the math in "
            "fp32 (AMP is measured in the lesson and changes the numbers by design) and keep the data order "
            "(image_data.make_loader with the same seed; the number of workers does not change the batches).")
+    bound_ms = _compute_bound_ms(dataset, steps, batch_size)
     for _ in range(rounds - 1):
         fast_ms += _timed_run(fast_train, dataset, steps, batch_size, "fast_train()")[1]
         slow_ms += _timed_run(slow_train, dataset, steps, batch_size, "slow_train()")[1]
-    fast_step, slow_step = min(fast_ms), min(slow_ms)
+        bound_ms += _compute_bound_ms(dataset, steps, batch_size)
+    fast_step, slow_step, bound_step = min(fast_ms), min(slow_ms), min(bound_ms)
     speedup = slow_step / fast_step
     expect(speedup >= min_speedup,
            f"fast_train is {speedup:.2f}x the slow loop ({fast_step:.1f} vs {slow_step:.1f} ms for its fastest step; "
@@ -122,4 +143,9 @@ def check_fast_loop(fast_train, slow_train, dataset, *, batch_size: int, steps: 
            "does not need?")
     passed("fast loop", f"{speedup:.2f}x faster ({slow_step:.1f} -> {fast_step:.1f} ms per step, fastest of "
            f"{len(fast_ms)} steps each), losses match to {rel:.1e}")
+    print(f"compute bound (the same model's fp32 forward, backward and fused SGD step on batches already in memory): "
+          f"{bound_step:.1f} ms per step. Your loop runs at {bound_step / fast_step:.0%} of it, the slow loop at "
+          f"{bound_step / slow_step:.0%}" + (": the rest of your step is spent outside the model's math; profile "
+                                             "fast_train to see where" if bound_step / fast_step < 0.95 else
+                                             ": at least 95%, little is left on the table"))
     return speedup

@@ -47,6 +47,9 @@ class Claim:
     kind: str = "plain"
     also: tuple[tuple[str, str], ...] = ()  # shown next to the value for context
     explain: str = ""
+    # (lesson, metric) of what the lesson predicted from this machine's hardware before measuring, and of whether it
+    # held: the reason then says whether the verdict was expected here
+    prediction: tuple[tuple[str, str], tuple[str, str]] | None = None
 
 
 @dataclass
@@ -68,6 +71,7 @@ class ClaimResult:
 
 
 _004 = "framework fundamentals lesson (004)"
+_000 = "practice projects (000)"
 
 CLAIMS: tuple[Claim, ...] = (
     Claim(
@@ -140,6 +144,14 @@ CLAIMS: tuple[Claim, ...] = (
         explain="iteration-level vs request-level (static) scheduling, same engine and arrival trace; vLLM compares "
         "with Orca and FasterTransformer on GPUs at the same latency",
     ),
+    Claim(
+        "amp-training-speedup", "Automatic mixed precision makes a training step faster", _000,
+        (("03_profiling_amp", "amp_speedup"),), 1.10, None,  # 1.10: utils.training.precision.FASTER
+        also=(("03_profiling_amp", "amp_speedup_128px"), ("03_profiling_amp", "amp_layer_probe_ratio")),
+        explain="ResNet-50 training step with autocast (bf16 on a CPU, fp16 + GradScaler on a GPU) vs fp32, side by "
+        "side; it pays only where the hardware has fast 16-bit units",
+        prediction=(("03_profiling_amp", "amp_prediction"), ("03_profiling_amp", "amp_prediction_held")),
+    ),
 )
 
 
@@ -159,6 +171,16 @@ def _range(c: Claim) -> str:
     if c.high is None:
         return f">= {c.low:g} {c.unit}".strip()
     return f"{c.low:g}-{c.high:g} {c.unit}".strip()
+
+
+def _prediction_note(c: Claim, results: dict[str, dict]) -> str:
+    (p_lesson, p_metric), (h_lesson, h_metric) = c.prediction
+    predicted = results.get(p_lesson, {}).get("metrics", {}).get(p_metric)
+    held = results.get(h_lesson, {}).get("metrics", {}).get(h_metric)
+    if predicted is None or not isinstance(held, bool):
+        return ""
+    return (f"; predicted from this machine's hardware before measuring: {predicted}, and the prediction "
+            + ("held: the verdict is what this hardware should give" if held else "did not hold"))
 
 
 def _evaluate_one(c: Claim, results: dict[str, dict]) -> ClaimResult:
@@ -210,6 +232,8 @@ def _evaluate_one(c: Claim, results: dict[str, dict]) -> ClaimResult:
         verdict = HOLDS
     unit = data.get("units", {}).get(metric, "") or c.unit
     reason = f"measured {value:.3g} {c.unit} against the claimed {_range(c)}{note}"
+    if c.prediction:
+        reason += _prediction_note(c, results)
     if mode == "smoke":
         reason += "; smoke run (small sizes): rerun with `make course` for the real number"
     return ClaimResult(**base, measured=f"{value:.3g} {unit}".strip(), verdict=verdict, reason=reason, value=value,

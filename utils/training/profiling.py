@@ -32,6 +32,7 @@ if not torch.cuda.is_available():
 __all__ = [
     "PHASE_PREFIX",
     "phase",
+    "set_nvtx",
     "Profile",
     "profile_steps",
     "trace_event_count",
@@ -49,14 +50,25 @@ PHASE_PREFIX = "phase/"
 _STEP_PREFIX = "ProfilerStep"
 
 
+_NVTX = {"on": False}
+
+
+def set_nvtx(enabled: bool) -> None:
+    """Make every phase() also push an NVTX range on a GPU, for Nsight Systems (lesson 03: python -m utils.training --nvtx)."""
+    _NVTX["on"] = bool(enabled)
+
+
 @contextlib.contextmanager
-def phase(name: str, nvtx: bool = False):
-    """Label a block as one phase of a training step: a profiler range ``phase/<name>`` (+ an NVTX range on a GPU)."""
+def phase(name: str, nvtx: bool | None = None):
+    """Label a block as one phase of a training step: a profiler range ``phase/<name>`` (+ an NVTX range on a GPU).
+
+    `nvtx` None follows set_nvtx() (off by default).
+    """
     import torch
 
     if not name or "/" in name:
         raise ValueError(f"a phase name is a short word such as 'forward', got {name!r}")
-    use_nvtx = nvtx and torch.cuda.is_available()
+    use_nvtx = (_NVTX["on"] if nvtx is None else nvtx) and torch.cuda.is_available()
     if use_nvtx:
         torch.cuda.nvtx.range_push(name)
     try:
@@ -184,7 +196,7 @@ def phase_times(profile, active_steps: int | None = None) -> dict[str, float]:
         elif ev.name.startswith(PHASE_PREFIX) and _phase_of(ev.cpu_parent) is None:  # nested phases count once
             totals[ev.name[len(PHASE_PREFIX):]] += ev.cpu_time_total
     if not totals:
-        raise ValueError(f"the profile has no '{PHASE_PREFIX}...' ranges: label the step with utils.profiling.phase()")
+        raise ValueError(f"the profile has no '{PHASE_PREFIX}...' ranges: label the step with utils.training.profiling.phase()")
     out = {name: us / 1e3 / steps for name, us in totals.items()}
     if step_us:
         out["step"] = step_us / 1e3 / steps

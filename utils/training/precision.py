@@ -1,0 +1,289 @@
+"""Predict what mixed precision (AMP) does to a training step on this hardware, before timing it (lesson 03).
+
+Autocast speeds up only the matrix math (convolutions, matmuls), and only where the hardware computes 16-bit
+products faster than fp32 ones; and it adds work of its own, casting the weights to 16 bits every step and their
+gradients back. The prediction reads the capability table for the reason, and measures three small things:
+
+- ``hardware_units(flags, gpu_capability)``: what the CPU flags (utils.core.env.cpu_flags) or the GPU's compute capability
+  say about 16-bit units;
+- ``matmul_share(profile)``: the share of the fp32 step spent in convolution and matmul operators (from a profile);
+- ``layer_probe(model, example)``: the model's own convolution and linear layers, run one by one in fp32 and in 16
+  bits: how much faster its matrix math gets here (``gemm_probe`` times plain matmuls of the same shapes, the
+  units' best case, for comparison);
+- ``cast_probe(model)``: what casting the weights to 16 bits and a gradient's worth back costs per step.
+
+``predict_amp(...)`` combines them with Amdahl's law into an expectation: faster, about the same, or slower.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from utils.training import profiling
+
+__all__ = [
+    "FLAGS", "FASTER", "SLOWER", "MATMUL_OPS", "Units", "hardware_units", "gemm_shapes", "Probe", "gemm_probe",
+    "layer_probe", "cast_probe", "matmul_share", "AmpPrediction", "predict_amp", "outcome",
+]
+
+FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16")  # the capability table's rows
+# fp32 time / AMP time from FASTER up counts as faster, up to SLOWER as slower, between as about the same: the
+# estimate leaves out second-order costs (the backward's own kernels, activation casts), so it is not finer than 10%
+FASTER, SLOWER = 1.10, 1 / 1.10
+MATMUL_OPS = ("conv", "mm", "matmul", "linear", "gemm")  # operator names that run convolutions or matrix products
+GPU_MATMUL_KERNELS = ("gemm", "conv", "xmma", "cutlass", "cudnn", "wgrad", "dgrad")  # the same, as GPU kernel names
+_LAYERS = (torch.nn.Conv2d, torch.nn.Linear)
+
+
+@dataclass(frozen=True)
+class Units:
+    """What the capability table says about 16-bit math here (lesson 03)."""
+
+    name: str
+    meaning: str
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.meaning}"
+
+
+def hardware_units(flags, gpu_capability: tuple[int, int] | None = None) -> Units:
+    """The 16-bit units from CPU flags (utils.core.env.cpu_flags), or from a GPU's compute capability when given."""
+    if gpu_capability is not None:
+        major, minor = gpu_capability
+        if (major, minor) >= (7, 0):
+            return Units(f"tensor cores (compute capability {major}.{minor})",
+                         "fp16 matrix products at several times the fp32 rate")
+        return Units(f"no tensor cores (compute capability {major}.{minor})",
+                     "fp16 runs on the fp32 units: little to gain beyond memory traffic")
+    flags = set(flags)
+    if "amx_bf16" in flags:
+        return Units("AMX tiles (amx_bf16)", "bf16 matrix products on tile units, many times the fp32 vector rate")
+    if "avx512_bf16" in flags:
+        return Units("AVX512-BF16 dot products (avx512_bf16, no AMX)",
+                     "one instruction does twice the multiply-adds of an fp32 FMA: twice the peak rate, at best, "
+                     "for the matrix math")
+    if "avx512f" in flags:
+        return Units("AVX-512 without bf16 arithmetic",
+                     "oneDNN widens bf16 to fp32, computes in fp32 and narrows the result: extra work, no faster math")
+    return Units("no AVX-512 (AVX2 at most)",
+                 "no vectorised bf16 kernels in oneDNN: PyTorch falls back to generic code, far slower than fp32")
+
+
+def gemm_shapes(model, example) -> list[tuple[int, int, int]]:
+    """The (M, K, N) of every convolution and linear layer of `model` on `example`, as the GEMM it lowers to.
+
+    A convolution with C_in input channels, a kh x kw kernel and C_out outputs on an N x H_out x W_out output is a
+    matrix product of (N*H_out*W_out) x (C_in/groups*kh*kw) by (C_in/groups*kh*kw) x C_out (im2col).
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"gemm_shapes() needs a torch.nn.Module, got {type(model).__name__}")
+    shapes: list[tuple[int, int, int]] = []
+
+    def hook(module, inputs, output):
+        if isinstance(module, torch.nn.Conv2d):
+            m = output.shape[0] * output.shape[2] * output.shape[3]
+            k = module.in_channels // module.groups * module.kernel_size[0] * module.kernel_size[1]
+            shapes.append((m, k, module.out_channels))
+        else:
+            shapes.append((inputs[0].numel() // inputs[0].shape[-1], module.in_features, module.out_features))
+
+    handles = [mod.register_forward_hook(hook) for mod in model.modules()
+               if isinstance(mod, torch.nn.Conv2d | torch.nn.Linear)]
+    try:
+        with torch.no_grad():
+            model(example)
+    finally:
+        for h in handles:
+            h.remove()
+    if not shapes:
+        raise ValueError(f"{type(model).__name__} has no Conv2d or Linear layer: nothing for AMP to speed up")
+    return shapes
+
+
+@dataclass(frozen=True)
+class Probe:
+    """The fastest call of some work in fp32 and in a 16-bit `dtype` (lesson 03): the ratio is what 16 bits buy."""
+
+    what: str
+    dtype: str
+    fp32_ms: float
+    low_ms: float
+    gflop: float = 0.0
+
+    @property
+    def ratio(self) -> float:
+        return self.fp32_ms / self.low_ms
+
+    def __str__(self) -> str:
+        rate = (lambda ms: f" ({self.gflop / ms * 1e3:.0f} GFLOP/s)") if self.gflop else (lambda ms: "")
+        return (f"{self.what}: fp32 {self.fp32_ms:.1f} ms{rate(self.fp32_ms)}, {self.dtype} {self.low_ms:.1f} ms"
+                f"{rate(self.low_ms)}: {self.ratio:.2f}x")
+
+
+def _check(dtype, calls) -> None:
+    if dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"dtype must be torch.bfloat16 or torch.float16, got {dtype}")
+    if not isinstance(calls, int) or calls < 1:
+        raise ValueError(f"calls must be a positive int, got {calls!r}")
+
+
+def _fastest(fp32_fn, low_fn, calls: int, device) -> tuple[float, float]:
+    """Run the two alternately `calls` times each; each keeps its fastest call (ms).
+
+    On a shared machine other programs only ever slow a call down, so the fastest of many short calls is the one
+    least disturbed (a median over long blocks would average the disturbance in).
+    """
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+
+    def timed(fn) -> float:
+        sync()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            fn()
+        sync()
+        return (time.perf_counter() - t0) * 1e3
+
+    timed(fp32_fn), timed(low_fn)  # first calls: kernel selection, allocations
+    best32 = best16 = float("inf")
+    for _ in range(calls):
+        best32, best16 = min(best32, timed(fp32_fn)), min(best16, timed(low_fn))
+    return best32, best16
+
+
+def gemm_probe(shapes, dtype=torch.bfloat16, *, device="cpu", calls: int = 20, seed: int = 0) -> Probe:
+    """Plain matmuls of the given (M, K, N) shapes in fp32 and in `dtype`: the 16-bit units' best case (lesson 03)."""
+    shapes = [tuple(int(v) for v in s) for s in shapes]
+    if not shapes or any(len(s) != 3 or min(s) < 1 for s in shapes):
+        raise ValueError(f"shapes must be (M, K, N) triples of positive ints, got {shapes[:3]!r}...")
+    _check(dtype, calls)
+    gen = torch.Generator().manual_seed(seed)
+    pairs32 = [(torch.randn(m, k, generator=gen).to(device), torch.randn(k, n, generator=gen).to(device))
+               for m, k, n in shapes]
+    pairs16 = [(a.to(dtype), b.to(dtype)) for a, b in pairs32]
+    fp32_ms, low_ms = _fastest(lambda: [a @ b for a, b in pairs32], lambda: [a @ b for a, b in pairs16], calls,
+                               device)
+    gflop = sum(2 * m * k * n for m, k, n in shapes) / 1e9
+    return Probe("plain matmuls of the model's GEMM shapes", str(dtype).removeprefix("torch."), fp32_ms, low_ms, gflop)
+
+
+def _run_layers(layers, dtype):
+    for module, x, w in layers:
+        if isinstance(module, torch.nn.Conv2d):
+            F.conv2d(x, w, None, module.stride, module.padding, module.dilation, module.groups)
+        else:
+            F.linear(x, w)
+
+
+def layer_probe(model, example, dtype=torch.bfloat16, *, calls: int = 20) -> Probe:
+    """The model's convolution and linear layers, each on the input it gets from `example`, in fp32 and `dtype`.
+
+    The same kernels the training step's forward runs (lesson 03), without the rest of the model around them.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"layer_probe() needs a torch.nn.Module, got {type(model).__name__}")
+    _check(dtype, calls)
+    inputs = []
+    handles = [m.register_forward_hook(lambda m, i, o: inputs.append((m, i[0].detach().clone())))
+               for m in model.modules() if isinstance(m, _LAYERS)]
+    try:
+        with torch.no_grad():
+            model(example)
+    finally:
+        for h in handles:
+            h.remove()
+    if not inputs:
+        raise ValueError(f"{type(model).__name__} has no Conv2d or Linear layer: nothing for AMP to speed up")
+    layers32 = [(m, x.float(), m.weight.detach().float()) for m, x in inputs]
+    layers16 = [(m, x.to(dtype), w.to(dtype)) for m, x, w in layers32]
+    fp32_ms, low_ms = _fastest(lambda: _run_layers(layers32, torch.float32), lambda: _run_layers(layers16, dtype),
+                               calls, example.device)
+    gflop = sum(2 * m * k * n for m, k, n in gemm_shapes(model, example)) / 1e9
+    return Probe("the model's own conv and linear layers", str(dtype).removeprefix("torch."), fp32_ms, low_ms, gflop)
+
+
+def cast_probe(model, dtype=torch.bfloat16, *, calls: int = 10) -> float:
+    """Milliseconds autocast spends per training step casting (lesson 03), measured as the fastest of `calls`.
+
+    Forward: every conv and linear weight fp32 -> 16 bits; backward: each weight's 16-bit gradient -> fp32.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"cast_probe() needs a torch.nn.Module, got {type(model).__name__}")
+    _check(dtype, calls)
+    weights = [m.weight.detach() for m in model.modules() if isinstance(m, _LAYERS)]
+    grads16 = [w.to(dtype) for w in weights]
+    device = weights[0].device if weights else "cpu"
+
+    def casts():
+        for w, g in zip(weights, grads16, strict=True):
+            w.to(dtype)
+            g.float()
+
+    return _fastest(casts, lambda: None, calls, device)[0]
+
+
+def matmul_share(profile, phases=("forward", "backward")) -> float:
+    """Share of the profiled step spent in convolution and matmul operators inside `phases` (lesson 03).
+
+    Self CPU time of operators whose name contains one of MATMUL_OPS, over the step's time. On a GPU the CPU timeline
+    shows launches, not kernels, so there it is the device time of GEMM and convolution kernels over the step's time.
+    """
+    if torch.cuda.is_available():  # kernels on the device timeline (unverified: no GPU where this was written)
+        events = profile.prof.events() if isinstance(profile, profiling.Profile) else profile.events()
+        step_us = sum(ev.cpu_time_total for ev in events if ev.name.startswith("ProfilerStep"))
+        spent = sum(ev.self_device_time_total for ev in events
+                    if ev.device_type == torch.autograd.DeviceType.CUDA and not ev.is_user_annotation
+                    and any(word in ev.name.lower() for word in GPU_MATMUL_KERNELS))
+        return min(1.0, spent / step_us) if step_us else 0.0
+    times = profiling.phase_times(profile)
+    ops = profiling.ops_by_phase(profile)
+    spent = sum(ms for ph in phases for op, ms in ops.get(ph, {}).items()
+                if any(word in op.lower() for word in MATMUL_OPS))
+    return spent / times["step"]
+
+
+@dataclass(frozen=True)
+class AmpPrediction:
+    """What AMP should do to the step here, and why (lesson 03)."""
+
+    expected: str  # "faster", "about the same" or "slower"
+    estimate: float  # 1 / ((1 - share) + share / layer_ratio + cast_share)
+    units: Units
+    share: float
+    layer_ratio: float
+    cast_share: float
+
+    def __str__(self) -> str:
+        left = (1 - self.share) + self.share / self.layer_ratio + self.cast_share
+        return (f"{self.units}. The matrix math is {self.share:.0%} of the fp32 step and the model's layers run "
+                f"{self.layer_ratio:.2f}x as fast in 16 bits here; the casts add {self.cast_share:.0%} of the step. "
+                f"So the step should take {1 - self.share:.2f} + {self.share:.2f} / {self.layer_ratio:.2f} + "
+                f"{self.cast_share:.2f} = {left:.2f} of its fp32 time: {self.estimate:.2f}x, i.e. {self.expected}")
+
+
+def outcome(speedup: float) -> str:
+    """'faster', 'about the same' or 'slower' for a measured (or estimated) fp32-time / AMP-time ratio."""
+    if not speedup > 0:
+        raise ValueError(f"a speedup is a positive ratio, got {speedup!r}")
+    return "faster" if speedup >= FASTER else "slower" if speedup <= SLOWER else "about the same"
+
+
+def predict_amp(*, flags, layer_ratio: float, share: float, cast_share: float = 0.0,
+                gpu_capability: tuple[int, int] | None = None) -> AmpPrediction:
+    """Expect faster / about the same / slower (lesson 03), by Amdahl's law plus autocast's own casts.
+
+    Only the matrix math (`share` of the fp32 step) changes speed, by `layer_ratio`; the rest stays as it is; the
+    casts add `cast_share` of the fp32 step. `flags` / `gpu_capability` name the units that explain the ratio.
+    """
+    if not 0 <= share <= 1:
+        raise ValueError(f"share is a fraction of the step between 0 and 1, got {share!r}")
+    if not layer_ratio > 0:
+        raise ValueError(f"layer_ratio is a positive speed ratio, got {layer_ratio!r}")
+    if not cast_share >= 0:
+        raise ValueError(f"cast_share is a fraction of the step >= 0, got {cast_share!r}")
+    units = hardware_units(flags, gpu_capability)
+    estimate = 1 / ((1 - share) + share / layer_ratio + cast_share)
+    return AmpPrediction(outcome(estimate), estimate, units, share, layer_ratio, cast_share)
