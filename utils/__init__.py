@@ -1,25 +1,22 @@
-"""Helpers for the ML Framework Internals Workbook.
+"""Helpers for the ML Framework Internals Workbook, in layers (README "How the course is built").
 
-One module per concern; nothing heavy happens at import time (torch, TensorFlow and friends are imported inside the
-functions that need them), so ``import utils.core.env`` is instant even on a machine where a framework is broken.
+    core/        what every lesson stands on; imports nothing above it
+                 env (machine, paths, capabilities), report (record + show), claims, sections (the optional-cell
+                 guard), bench, models, onnx_io, data (sentences, synthetic images), tritonserver (the server process)
+    inference    lesson 01: predict helpers, autograd memory, file sizes
+    graphs/      lesson 02: trace/script/export/compile demos, retracing, a fresh-process runner
+    training/    lesson 03: the profiled ResNet loop, its ablation, allocator, profiling, AMP prediction
+    conversion/  lesson 04: ONNX graph work, graphs drawn as SVG, TensorRT
+    serving/     lesson 05: the Triton model repository, its Python-backend programs, load generator, deployment
+    kernels/     lesson 06: the fused softmax extension (C++/CUDA sources, builds, sweeps)
+    interview/   lesson 07: the question bank, its proofs and quiz
+    llm          lesson 08: a tiny GPT, KV cache, tiled attention, static vs continuous batching, paged KV, int8
+    checks/      one module of lab checks per lab, and the helpers they share
+    course/      tooling no notebook imports: runner, report rendering, agenda, site, labs, notebook hygiene,
+                 grading and its sandbox, doctor, warm-up, gpu-check, JupyterLab
 
-    env        hardware/software inventory, capability flags, the one guard for optional cells (lesson 00)
-    bench      timing on torch.utils.benchmark (lesson 00, used everywhere)
-    report     recorded metrics and the course report (lesson 00)
-    run        the headless course runner behind `make course` (README)
-    labs       lab generation from solutions and the check helpers (every lab)
-    triton     the bundled Triton server as a context manager (lessons 00 and 05)
-    models     offline models: seeded torchvision architectures, the bundled MiniLM (lessons 01-05)
-    inference  predict helpers, autograd memory, file sizes (lesson 01)
-    graphs     capture demos: trace/script/export/compile, retracing, HLO (lesson 02)
-    data, profiling, training   the profiled ResNet-50 loop (lesson 03)
-    onnx_tools, trt             export, parity, ORT optimization, quantization, TensorRT (lesson 04)
-    triton_repo, load           the Triton model repository and the load generator (lesson 05)
-    kernels    the fused softmax extension (lesson 06)
-    interview, claims, site, grade, warmup, doctor   interview prep, report and instructor kit (07)
-    labserver  `make lab`: JupyterLab on the course, as root too (README)
-    gpu_check  `make gpu-check`: every GPU section on a GPU machine, with a table (README "GPU machines")
-    checks     one module of lab checks per lesson
+A lesson module imports the core and itself; checks add the lesson modules; course tooling may import anything
+(tests/unit/test_layers.py). Heavy frameworks (torch, TensorFlow, ONNX Runtime, tritonclient) are imported where a
+module needs them, inside functions when the package is optional, so ``import utils.core.env`` is instant even on a
+machine where a framework is broken.
 """
-
-__all__ = ["env", "bench", "report", "run", "labs", "triton", "models"]
