@@ -3,7 +3,6 @@ validated against the bundled Kubernetes schema."""
 
 import copy
 
-import numpy as np
 import pytest
 
 pytest.importorskip("tritonclient", reason="the manifest reads the repository's configs through Triton's schema")
@@ -30,13 +29,9 @@ def test_replicas_needed_bad_input(kwargs, message):
 
 
 @pytest.fixture
-def repo(tmp_path):
-    onnx = tmp_path / "model.onnx"
-    onnx.write_bytes(b"not really onnx")
-    tok = tmp_path / "tokenizer.json"
-    tok.write_text("{}")
-    clf = tr.write_classifier(tmp_path / "clf.npz", np.ones((tr.HIDDEN_SIZE, 2)), np.zeros(2), ["a", "b"])
-    tr.build_pipeline(tmp_path / "repo", onnx_path=onnx, tokenizer_json=tok, classifiers={1: clf}, num_classes=2)
+def repo(tmp_path, assets):
+    onnx, tok, clf = assets
+    tr.build_pipeline(tmp_path / "repo", onnx_path=onnx, tokenizer_json=tok, classifiers={1: clf}, num_classes=3)
     return tmp_path / "repo"
 
 

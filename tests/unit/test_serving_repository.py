@@ -96,17 +96,6 @@ def test_ensemble_checks_tensor_wiring():
                            steps=[{"model": "m", "input_map": {"x": "A"}, "output_map": {"y": "C"}}])
 
 
-@pytest.fixture
-def assets(tmp_path):
-    onnx = tmp_path / "model.onnx"
-    onnx.write_bytes(b"not really onnx")
-    tok = tmp_path / "tokenizer.json"
-    tok.write_text("{}")
-    rng = np.random.default_rng(0)
-    clf = tr.write_classifier(tmp_path / "clf.npz", rng.normal(size=(tr.HIDDEN_SIZE, 3)), np.zeros(3), ["a", "b", "c"])
-    return onnx, tok, clf
-
-
 def test_build_pipeline_layout(tmp_path, assets):
     onnx, tok, clf = assets
     repo = tmp_path / "repo"

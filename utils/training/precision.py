@@ -82,26 +82,30 @@ def gemm_shapes(model, example) -> list[tuple[int, int, int]]:
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"gemm_shapes() needs a torch.nn.Module, got {type(model).__name__}")
     shapes: list[tuple[int, int, int]] = []
-
-    def hook(module, inputs, output):
+    for module, x, y in _layer_calls(model, example):
         if isinstance(module, torch.nn.Conv2d):
-            m = output.shape[0] * output.shape[2] * output.shape[3]
+            m = y[0] * y[2] * y[3]
             k = module.in_channels // module.groups * module.kernel_size[0] * module.kernel_size[1]
             shapes.append((m, k, module.out_channels))
         else:
-            shapes.append((inputs[0].numel() // inputs[0].shape[-1], module.in_features, module.out_features))
+            shapes.append((x.numel() // x.shape[-1], module.in_features, module.out_features))
+    return shapes
 
-    handles = [mod.register_forward_hook(hook) for mod in model.modules()
-               if isinstance(mod, torch.nn.Conv2d | torch.nn.Linear)]
+
+def _layer_calls(model, example) -> list[tuple]:
+    """(layer, its input, its output shape) for every Conv2d and Linear call of one no-grad forward pass on `example`."""
+    calls = []
+    handles = [m.register_forward_hook(lambda m, i, o: calls.append((m, i[0].detach().clone(), tuple(o.shape))))
+               for m in model.modules() if isinstance(m, _LAYERS)]
     try:
         with torch.no_grad():
             model(example)
     finally:
         for h in handles:
             h.remove()
-    if not shapes:
+    if not calls:
         raise ValueError(f"{type(model).__name__} has no Conv2d or Linear layer: nothing for AMP to speed up")
-    return shapes
+    return calls
 
 
 @dataclass(frozen=True)
@@ -186,18 +190,7 @@ def layer_probe(model, example, dtype=torch.bfloat16, *, calls: int = 20) -> Pro
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"layer_probe() needs a torch.nn.Module, got {type(model).__name__}")
     _check(dtype, calls)
-    inputs = []
-    handles = [m.register_forward_hook(lambda m, i, o: inputs.append((m, i[0].detach().clone())))
-               for m in model.modules() if isinstance(m, _LAYERS)]
-    try:
-        with torch.no_grad():
-            model(example)
-    finally:
-        for h in handles:
-            h.remove()
-    if not inputs:
-        raise ValueError(f"{type(model).__name__} has no Conv2d or Linear layer: nothing for AMP to speed up")
-    layers32 = [(m, x.float(), m.weight.detach().float()) for m, x in inputs]
+    layers32 = [(m, x.float(), m.weight.detach().float()) for m, x, _ in _layer_calls(model, example)]
     layers16 = [(m, x.to(dtype), w.to(dtype)) for m, x, w in layers32]
     fp32_ms, low_ms = _fastest(lambda: _run_layers(layers32, torch.float32), lambda: _run_layers(layers16, dtype),
                                calls, example.device)
