@@ -7,7 +7,7 @@ import pytest
 
 from tests.lesson_contract import REQUIRED_METRICS
 from utils.core import claims, report
-from utils.course import agenda, render
+from utils.course import agenda, render, run
 
 # a 1x1 PNG, to check that the HTML report embeds plots
 PNG = base64.b64decode(
@@ -179,6 +179,16 @@ def test_agenda_uses_measured_run_times_and_marks_missing_ones(build, tmp_path):
     (tmp_path / "plain.md").write_text("no block")
     with pytest.raises(ValueError, match="agenda:start"):
         agenda.update_agenda(tmp_path / "plain.md", results)
+
+
+def test_agenda_plans_with_a_clones_first_run_and_quotes_the_warm_one(build):
+    assert run.record_run_time("00_environment", 130.0, "full") == [130.0]  # a fresh clone: cold caches
+    assert run.record_run_time("00_environment", 40.04, "full") == [130.0, 40.0]
+    with pytest.raises(ValueError, match="smoke"):
+        run.record_run_time("00_environment", 1.0, "fast")
+    results = _results(**{"00_environment": {"runtime_s": 40.0}})
+    text = agenda.agenda(results)  # reads build/runtimes.json
+    assert "| 3 (full run, 130 s the first time, 40 s again) |" in text
 
 
 def test_the_amp_claim_says_whether_the_hardware_prediction_held():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import json
 import os
 import sys
 import time
@@ -120,6 +121,30 @@ def _source_cell(executed: Path, fallback: int) -> tuple[int, str]:
     return fallback, ""
 
 
+def runtimes_path() -> Path:
+    """build/runtimes.json: every run's wall time per mode and notebook, oldest first (the workshop agenda)."""
+    return env.build_dir() / "runtimes.json"
+
+
+def record_run_time(stem: str, seconds: float, mode: str) -> list[float]:
+    """Append one run's wall time to build/runtimes.json and return that notebook's times in this mode, oldest first.
+
+    The first entry of a fresh clone is its cold run (empty compile caches, nothing built yet); later ones are warm.
+    The agenda quotes both, since a class meets the first and an instructor's rehearsal the later.
+    """
+    if mode not in ("smoke", "full"):
+        raise ValueError(f"mode must be 'smoke' or 'full', got {mode!r}")
+    path = runtimes_path()
+    try:
+        data = json.loads(path.read_text()) if path.is_file() else {}
+    except json.JSONDecodeError:
+        data = {}  # a torn file from a killed run: start the history again
+    times = data.setdefault(mode, {}).setdefault(stem, [])
+    times.append(round(float(seconds), 1))
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    return times
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m utils.course.run", description=__doc__.split("\n\n")[0])
     mode = parser.add_mutually_exclusive_group()
@@ -151,6 +176,7 @@ def main(argv=None) -> int:
             return 1
         total += seconds
         report.set_runtime(Path(nb).stem, seconds, mode_name)
+        record_run_time(Path(nb).stem, seconds, mode_name)
         tqdm.write(f"  {Path(nb).name}: {seconds:.0f} s")
     print(f"all {len(notebooks)} notebook(s) ran in {total:.0f} s")
     if not args.no_report:
