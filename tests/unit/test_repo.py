@@ -113,3 +113,21 @@ def test_ruff_is_clean():
     pytest.importorskip("ruff", reason="ruff is a maintainer's tool (the course environment has it)")
     proc = subprocess.run([sys.executable, "-m", "ruff", "check", "utils", "tests"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("path", ALL_NOTEBOOKS, ids=[p.name for p in ALL_NOTEBOOKS])
+def test_a_plain_clone_finds_utils_from_the_notebook(path, tmp_path):
+    # Your own environment (README): no pip install, Jupyter started anywhere, the kernel's working folder is the
+    # notebook's folder and PYTHONPATH is empty. The first code cell alone must make `import utils.core.env` work.
+    nb = nbformat.read(str(path), as_version=4)
+    first = next(c for c in nb.cells if c.cell_type == "code")
+    assert "sys.path.insert" in first.source, f"{path.name}: the first code cell must put the clone on sys.path"
+    lines = first.source.splitlines()
+    upto = next(i for i, ln in enumerate(lines) if "sys.path.insert" in ln)
+    probe = "\n".join(lines[: upto + 1]) + "\nimport utils.core.env\nprint(utils.core.env.repo_root())\n"
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # -I -S: no PYTHONPATH, no site-packages (so no editable install of some other clone): only the cell's own path
+    proc = subprocess.run([sys.executable, "-I", "-S", "-c", probe], cwd=path.parent, env=clean, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, f"{path.name}: from {path.parent.name}/ the first cell does not find utils:\n{proc.stderr}"
+    assert proc.stdout.strip() == str(ROOT)
