@@ -4,6 +4,8 @@
 - validate_images, model_device, check_same_device: boundary checks whose errors say what was expected, what came
   and how to fix it
 - autograd_saved_bytes: the memory an autograd graph keeps alive (the tensors saved for backward), counted exactly
+- heap_bytes_held_by: what a call leaves allocated while its result lives, read from glibc's malloc (gradient
+  checkpointing keeps tensors alive outside the saved-tensor hooks, so it is measured this way)
 - throughput_sweep: latency and throughput per batch size, on utils.core.bench
 - cold_start: first call vs steady state in a fresh Python process (nothing cached, nothing warmed)
 - path_size_bytes, size_table, savedmodel_variable_bytes: what saved models weigh on disk
@@ -14,6 +16,8 @@ torch is imported inside the functions, so importing this module is free.
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import itertools
 import json
 import os
@@ -33,6 +37,7 @@ __all__ = [
     "validate_images",
     "predict",
     "autograd_saved_bytes",
+    "heap_bytes_held_by",
     "throughput_sweep",
     "cold_start",
     "path_size_bytes",
@@ -197,6 +202,38 @@ def autograd_saved_bytes(fn: Callable[[], object], *, exclude: Iterable = ()) ->
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         result = fn()
     return sum(seen.values()), result
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def _heap_in_use() -> int:
+    """Bytes glibc's malloc has handed out and not had back: small blocks in the arenas plus mmapped large blocks."""
+    try:
+        mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError) as exc:
+        raise RuntimeError(f"heap_bytes_held_by() reads glibc's mallinfo2 (glibc >= 2.33 on Linux): {exc}") from None
+    mallinfo2.restype = _MallInfo2
+    info = mallinfo2()
+    return info.uordblks + info.hblkhd
+
+
+def heap_bytes_held_by(fn: Callable[[], object]) -> tuple[int, object]:
+    """Run fn() and return (bytes still allocated afterwards, fn's result) (lesson 01, gradient checkpointing).
+
+    The difference of glibc's in-use heap (mallinfo2) before and after the call, with the result alive: for a
+    training forward pass that is the output plus every activation the autograd graph keeps for backward, however
+    it keeps them (torch.utils.checkpoint holds its segment inputs outside the saved-tensor hooks that
+    autograd_saved_bytes counts). PyTorch's CPU tensors come from malloc, so they are all in the count.
+    """
+    if not callable(fn):
+        raise TypeError(f"heap_bytes_held_by() needs a callable taking no arguments, got {type(fn).__name__}")
+    gc.collect()
+    before = _heap_in_use()
+    result = fn()
+    return _heap_in_use() - before, result
 
 
 def throughput_sweep(model, batch_sizes: Sequence[int], make_input: Callable[[int], object], *,

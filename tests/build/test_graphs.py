@@ -274,3 +274,21 @@ def test_lab02_scripted_loop_check(capsys):
         lab02.check_scripted_loop(_OffByOne)
     with pytest.raises(LabCheckFailed, match="not written yet"):
         lab02.check_scripted_loop(_Stub)
+
+
+def test_jit_debug_run_frames_with_and_without_the_jit():
+    on, off = graphs.jit_debug_run("1"), graphs.jit_debug_run("0")
+    assert on.pytorch_jit == "1" and off.pytorch_jit == "0"
+    assert on.good_input_ok and off.good_input_ok
+    # JIT on: a ScriptFunction, no Python frame of the function, a RuntimeError whose message marks the source line
+    assert not on.is_the_python_function and on.scripted_type == "ScriptFunction"
+    assert "rows_to_unit_norm" not in on.python_frames and on.error_type == "RuntimeError"
+    assert "vector_norm" in on.here_line()
+    # PYTORCH_JIT=0: the function itself, its frame in the traceback, eager PyTorch's own exception type
+    assert off.is_the_python_function and "rows_to_unit_norm" in off.python_frames
+    assert off.error_type == "IndexError" and off.here_line() == ""
+
+
+def test_jit_debug_run_bad_flag():
+    with pytest.raises(ValueError, match="pytorch_jit must be '0' or '1'"):
+        graphs.jit_debug_run("off")

@@ -8,7 +8,9 @@
 - ``count_retraces``: how many times a tf.function traced its Python body for a list of calls;
 - ``read_hlo_dump``: the XLA HLO modules written by ``XLA_FLAGS=--xla_dump_to=...``, before and after optimization;
 - ``run_in_fresh_process``: load a saved TorchScript (.pt) or torch.export (.pt2) file in a new Python process that
-  never imports this course's code, and bring the output back.
+  never imports this course's code, and bring the output back;
+- ``jit_debug_run``: what a debugger sees of a scripted function's error, with TorchScript on and with PYTORCH_JIT=0
+  (the program is ``jit_debug.py`` beside this file, ``JIT_DEBUG_PROGRAM``).
 
 This module is only imported by lesson 02 and its lab, so torch is imported at the top; TensorFlow never is.
 """
@@ -18,8 +20,10 @@ from __future__ import annotations
 import collections
 import contextlib
 import io
+import json
 import logging
 import math
+import os
 import re
 import subprocess
 import sys
@@ -48,6 +52,9 @@ __all__ = [
     "read_hlo_dump",
     "FreshRun",
     "run_in_fresh_process",
+    "JIT_DEBUG_PROGRAM",
+    "JitDebugRun",
+    "jit_debug_run",
 ]
 
 
@@ -442,3 +449,55 @@ def run_in_fresh_process(*jobs, timeout: float = 300) -> list[FreshRun]:
         FreshRun(Path(path).name, r["out"], r["kind"], list(data["course_modules"]), float(r["seconds"]))
         for (path, _), r in zip(clean, data["results"], strict=True)
     ]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# debugging scripted code
+# ---------------------------------------------------------------------------------------------------------------------
+
+JIT_DEBUG_PROGRAM = Path(__file__).with_name("jit_debug.py")
+
+
+@dataclass(frozen=True)
+class JitDebugRun:
+    """What jit_debug.py saw in one child process (lesson 02): PYTORCH_JIT's value, what torch.jit.script returned,
+    whether a good input still worked, the names of the Python frames in the bad input's traceback, the exception."""
+
+    pytorch_jit: str
+    scripted_type: str
+    is_the_python_function: bool
+    good_input_ok: bool
+    python_frames: list[str]
+    error_type: str
+    error_message: str
+
+    def here_line(self) -> str:
+        """The source line TorchScript's own traceback marks (the line before its ``<--- HERE``), or ""."""
+        lines = self.error_message.splitlines()
+        marks = [i for i, line in enumerate(lines) if "<--- HERE" in line]
+        return lines[marks[0] - 1].strip() if marks and marks[0] > 0 else ""
+
+
+def jit_debug_run(pytorch_jit: str, timeout: float = 120) -> JitDebugRun:
+    """Run JIT_DEBUG_PROGRAM in a new isolated process with PYTORCH_JIT set to "1" or "0" (lesson 02).
+
+    PYTORCH_JIT=0 is read when torch is imported and turns torch.jit.script into a no-op that hands back the Python
+    function, so a debugger (pdb, breakpoint(), an IDE) can stop inside it; with TorchScript on, the function runs in
+    the TorchScript interpreter and its frames are not Python frames.
+    """
+    if pytorch_jit not in {"0", "1"}:
+        raise ValueError(f"pytorch_jit must be '0' or '1', got {pytorch_jit!r}")
+    child_env = {k: v for k, v in os.environ.items() if k != "PYTORCH_JIT"}
+    child_env["PYTORCH_JIT"] = pytorch_jit
+    # -I: isolated mode (the program imports only torch); -W ignore: no deprecation warning on its stderr
+    proc = subprocess.run([sys.executable, "-I", "-W", "ignore", str(JIT_DEBUG_PROGRAM)], env=child_env,
+                          capture_output=True, text=True, timeout=timeout)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
+        raise RuntimeError(f"{JIT_DEBUG_PROGRAM.name} with PYTORCH_JIT={pytorch_jit} failed "
+                           f"(exit code {proc.returncode}):\n{tail}")
+    msg = json.loads(lines[-1])
+    error = msg["error"] or {"type": "", "message": ""}
+    return JitDebugRun(msg["pytorch_jit"], msg["scripted_type"], msg["is_the_python_function"], msg["good_input_ok"],
+                       list(msg["python_frames"]), error["type"], error["message"])
