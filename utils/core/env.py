@@ -217,6 +217,7 @@ def capabilities() -> dict[str, Capability]:
         "onnxruntime_extensions": _module("onnxruntime_extensions", "onnxruntime-extensions"),
         "tritonclient": _module("tritonclient", "tritonclient[all]"),
         "kubernetes_validate": _module("kubernetes_validate", "kubernetes-validate"),
+        "openvino": _module("openvino", "openvino"),
     }
     tf2onnx = _module("tf2onnx", "tf2onnx")
     caps["tf2onnx"] = Capability("tf2onnx", caps["tensorflow"].available and tf2onnx.available,
@@ -295,7 +296,7 @@ PACKAGES = {
     "torch": "torch", "torchvision": "torchvision", "numpy": "numpy", "onnx": "onnx", "onnxruntime": "onnxruntime",
     "onnxscript": "onnxscript", "transformers": "transformers", "scikit-learn": "sklearn",
     "tensorflow": "tensorflow", "tf2onnx": "tf2onnx", "onnxruntime-extensions": "onnxruntime_extensions",
-    "nvidia-pytriton": "pytriton", "tritonclient": "tritonclient",
+    "nvidia-pytriton": "pytriton", "tritonclient": "tritonclient", "openvino": "openvino",
 }
 CORE_PACKAGES = ("torch", "torchvision", "numpy")
 

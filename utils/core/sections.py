@@ -35,6 +35,7 @@ OPTIONAL_SECTIONS: dict[str, tuple[str, str]] = {
     "03.nsight": ("cuda", "Nsight Systems / Compute command lines with NVTX ranges"),
     "04.tensorflow": ("tf2onnx", "Keras -> SavedModel -> ONNX with tf2onnx, and TFLite int8"),
     "04.ort-custom-op": ("onnxruntime_extensions", "a custom-domain op run inside ONNX Runtime (onnxruntime-extensions)"),
+    "04.openvino": ("openvino", "OpenVINO on the same ONNX file: default precision, parity, speed vs ONNX Runtime"),
     "04.ort-cuda": ("cuda", "ONNX Runtime CUDA execution provider and IO binding"),
     "04.tensorrt": ("tensorrt", "TensorRT engine build, fusion inspection, parity and latency"),
     "04.trt-plugin": ("tensorrt", "the soft_clip TensorRT plugin (tensorrt.plugin API) and an engine built with it"),

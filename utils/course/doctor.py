@@ -40,6 +40,7 @@ OPTIONAL_PACKAGES = {
     "tensorflow": "the TensorFlow sections of 01, 02, 04 and 07", "tf2onnx": "04's tf2onnx section",
     "onnxruntime_extensions": "04's ONNX Runtime custom-op section", "pytriton": "00's Triton start and lesson 05",
     "tritonclient": "lesson 05", "kubernetes_validate": "05's Kubernetes manifest check",
+    "openvino": "04's OpenVINO section",
 }
 SUPPORTED_PYTHON = ((3, 10), (3, 12))  # the course environment pins 3.11; your own environment may use any of these
 LESSONS = {
