@@ -20,6 +20,7 @@ REQUIRED_METRICS = {
         "compile_graph_breaks_before", "compile_graph_breaks_after", "compile_speedup_resnet50",
         "freeze_speedup_resnet50", "tf_retraces_without_signature", "tf_retraces_with_signature", "xla_jit_speedup",
         "script_speedup_resnet50",  # the claims table's "TorchScript 10-30% faster"
+        "pytorch_jit0_debuggable",
     ],
     "03_profiling_amp": [
         "baseline_step_ms", "optimized_step_ms", "train_speedup", "amp_speedup", "channels_last_speedup",
