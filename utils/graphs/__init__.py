@@ -487,8 +487,7 @@ def jit_debug_run(pytorch_jit: str, timeout: float = 120) -> JitDebugRun:
     """
     if pytorch_jit not in {"0", "1"}:
         raise ValueError(f"pytorch_jit must be '0' or '1', got {pytorch_jit!r}")
-    child_env = {k: v for k, v in os.environ.items() if k != "PYTORCH_JIT"}
-    child_env["PYTORCH_JIT"] = pytorch_jit
+    child_env = {**os.environ, "PYTORCH_JIT": pytorch_jit}
     # -I: isolated mode (the program imports only torch); -W ignore: no deprecation warning on its stderr
     proc = subprocess.run([sys.executable, "-I", "-W", "ignore", str(JIT_DEBUG_PROGRAM)], env=child_env,
                           capture_output=True, text=True, timeout=timeout)
