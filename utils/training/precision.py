@@ -26,14 +26,17 @@ import torch.nn.functional as F
 from utils.training import profiling
 
 __all__ = [
-    "FLAGS", "FASTER", "SLOWER", "MATMUL_OPS", "Units", "hardware_units", "gemm_shapes", "Probe", "gemm_probe",
-    "layer_probe", "cast_probe", "matmul_share", "AmpPrediction", "predict_amp", "outcome",
+    "FLAGS", "FASTER", "SLOWER", "ESTIMATE_ERROR", "MATMUL_OPS", "Units", "hardware_units", "gemm_shapes", "Probe",
+    "gemm_probe", "layer_probe", "cast_probe", "matmul_share", "AmpPrediction", "predict_amp", "outcome",
 ]
 
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16")  # the capability table's rows
-# fp32 time / AMP time from FASTER up counts as faster, up to SLOWER as slower, between as about the same: the
-# estimate leaves out second-order costs (the backward's own kernels, activation casts), so it is not finer than 10%
+# fp32 time / AMP time from FASTER up counts as faster, up to SLOWER as slower, between as about the same
 FASTER, SLOWER = 1.10, 1 / 1.10
+# the estimate leaves out second-order costs (the backward's own kernels, activation casts, the rest of the model in
+# 16 bits), so it is not finer than a factor ESTIMATE_ERROR either way: an estimate that close to a line between two
+# outcomes predicts both
+ESTIMATE_ERROR = 1.10
 MATMUL_OPS = ("conv", "mm", "matmul", "linear", "gemm")  # operator names that run convolutions or matrix products
 GPU_MATMUL_KERNELS = ("gemm", "conv", "xmma", "cutlass", "cudnn", "wgrad", "dgrad")  # the same, as GPU kernel names
 _LAYERS = (torch.nn.Conv2d, torch.nn.Linear)
@@ -240,21 +243,47 @@ def matmul_share(profile, phases=("forward", "backward")) -> float:
 
 @dataclass(frozen=True)
 class AmpPrediction:
-    """What AMP should do to the step here, and why (lesson 03)."""
+    """What AMP should do to the step here, and why (lesson 03).
 
-    expected: str  # "faster", "about the same" or "slower"
+    `outcomes` are the outcomes the estimate allows within its error (ESTIMATE_ERROR either way), the estimate's own
+    first: one outcome where the estimate is far from a line, two where it is near one.
+    """
+
+    outcomes: tuple[str, ...]  # e.g. ("faster",) or ("faster", "about the same")
     estimate: float  # 1 / ((1 - share) + share / layer_ratio + cast_share)
     units: Units
     share: float
     layer_ratio: float
     cast_share: float
 
+    @property
+    def expected(self) -> str:
+        """The prediction in words: 'faster', or 'faster or about the same' when the estimate is near a line."""
+        return " or ".join(self.outcomes)
+
+    @property
+    def low(self) -> float:
+        return self.estimate / ESTIMATE_ERROR
+
+    @property
+    def high(self) -> float:
+        return self.estimate * ESTIMATE_ERROR
+
+    def held(self, measured_speedup: float) -> bool:
+        """Whether a measured fp32-time / AMP-time ratio falls in one of the predicted outcomes."""
+        return outcome(measured_speedup) in self.outcomes
+
     def __str__(self) -> str:
         left = (1 - self.share) + self.share / self.layer_ratio + self.cast_share
-        return (f"{self.units}. The matrix math is {self.share:.0%} of the fp32 step and the model's layers run "
+        text = (f"{self.units}. The matrix math is {self.share:.0%} of the fp32 step and the model's layers run "
                 f"{self.layer_ratio:.2f}x as fast in 16 bits here; the casts add {self.cast_share:.0%} of the step. "
                 f"So the step should take {1 - self.share:.2f} + {self.share:.2f} / {self.layer_ratio:.2f} + "
-                f"{self.cast_share:.2f} = {left:.2f} of its fp32 time: {self.estimate:.2f}x, i.e. {self.expected}")
+                f"{self.cast_share:.2f} = {left:.2f} of its fp32 time: {self.estimate:.2f}x")
+        if len(self.outcomes) == 1:
+            return f"{text}, i.e. {self.expected} (still {self.expected} anywhere in {self.low:.2f}-{self.high:.2f}x)"
+        line = next(v for v in (SLOWER, FASTER) if self.low < v < self.high)
+        return (f"{text}; within the estimate's error ({self.low:.2f}-{self.high:.2f}x) that is {self.expected}: "
+                f"too close to the {line:.2f}x line to call one")
 
 
 def outcome(speedup: float) -> str:
@@ -269,7 +298,8 @@ def predict_amp(*, flags, layer_ratio: float, share: float, cast_share: float = 
     """Expect faster / about the same / slower (lesson 03), by Amdahl's law plus autocast's own casts.
 
     Only the matrix math (`share` of the fp32 step) changes speed, by `layer_ratio`; the rest stays as it is; the
-    casts add `cast_share` of the fp32 step. `flags` / `gpu_capability` name the units that explain the ratio.
+    casts add `cast_share` of the fp32 step. `flags` / `gpu_capability` name the units that explain the ratio. The
+    outcomes are those of the estimate and of the estimate ESTIMATE_ERROR either way (one, or two near a line).
     """
     if not 0 <= share <= 1:
         raise ValueError(f"share is a fraction of the step between 0 and 1, got {share!r}")
@@ -279,4 +309,8 @@ def predict_amp(*, flags, layer_ratio: float, share: float, cast_share: float = 
         raise ValueError(f"cast_share is a fraction of the step >= 0, got {cast_share!r}")
     units = hardware_units(flags, gpu_capability)
     estimate = 1 / ((1 - share) + share / layer_ratio + cast_share)
-    return AmpPrediction(outcome(estimate), estimate, units, share, layer_ratio, cast_share)
+    outcomes = [outcome(estimate)]
+    for line, below, above in ((SLOWER, "slower", "about the same"), (FASTER, "about the same", "faster")):
+        if estimate / ESTIMATE_ERROR < line < estimate * ESTIMATE_ERROR:  # the line lies inside the error: both sides
+            outcomes += [o for o in (below, above) if o not in outcomes]
+    return AmpPrediction(tuple(outcomes), estimate, units, share, layer_ratio, cast_share)
