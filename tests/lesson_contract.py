@@ -14,6 +14,12 @@ REQUIRED_METRICS = {
         "savedmodel_reload_max_abs_diff", "resnet50_int8_dynamic_size_ratio", "weights_only_blocks_pickle",
         # read by the course report's claims table (utils.core.claims)
         "minilm_int8_dynamic_size_ratio", "state_dict_over_whole_model_size",
+        # portability of a state dict vs a whole-model pickle (section 2)
+        "whole_model_pickle_globals", "state_dict_pickle_globals", "state_dict_survives_code_move",
+        "whole_model_survives_code_move",
+        # Keras compile and file formats (section 7, TensorFlow-gated: excused in SECTION_METRICS["01.keras"])
+        "keras_predict_without_compile", "keras_fit_requires_compile", "keras_format_reload_max_abs_diff",
+        "h5_reload_max_abs_diff", "keras_format_size_kb", "h5_size_kb", "savedmodel_size_kb",
     ],
     "02_graphs": [
         "trace_wrong_on_other_branch", "script_correct_both_branches", "export_cond_correct_both_branches",
@@ -60,7 +66,11 @@ REQUIRED_METRICS = {
 # Required metrics that an optional section records: excused when that section was skipped here (a machine, or your
 # own environment, without TensorFlow, onnxruntime-extensions or the Triton server). GPU metrics are not required.
 SECTION_METRICS = {
-    "01.keras": ["keras_call_vs_predict_speedup", "savedmodel_reload_max_abs_diff"],
+    "01.keras": [
+        "keras_call_vs_predict_speedup", "savedmodel_reload_max_abs_diff", "keras_predict_without_compile",
+        "keras_fit_requires_compile", "keras_format_reload_max_abs_diff", "h5_reload_max_abs_diff",
+        "keras_format_size_kb", "h5_size_kb", "savedmodel_size_kb",
+    ],
     "02.tf-function": ["tf_retraces_without_signature", "tf_retraces_with_signature", "xla_jit_speedup"],
     "04.tensorflow": ["tf2onnx_parity_max_abs"],
     "04.ort-custom-op": ["custom_op_ort_parity_max_abs"],

@@ -9,6 +9,7 @@
 - throughput_sweep: latency and throughput per batch size, on utils.core.bench
 - cold_start: first call vs steady state in a fresh Python process (nothing cached, nothing warmed)
 - path_size_bytes, size_table, savedmodel_variable_bytes: what saved models weigh on disk
+- pickle_globals: the Python names a torch.save file must import to load (why a state_dict survives code moves)
 - tiny_cnn: a small seeded conv net with BatchNorm and Dropout for demos and the lab
 
 torch is imported inside the functions, so importing this module is free.
@@ -21,6 +22,7 @@ import gc
 import itertools
 import json
 import os
+import pickletools
 import subprocess
 import sys
 from collections.abc import Callable, Iterable, Sequence
@@ -43,6 +45,7 @@ __all__ = [
     "path_size_bytes",
     "size_table",
     "savedmodel_variable_bytes",
+    "pickle_globals",
     "tiny_cnn",
 ]
 
@@ -354,6 +357,66 @@ def savedmodel_variable_bytes(path) -> dict[str, int]:
         group = key.split("/")[0]
         groups[group] = groups.get(group, 0) + nbytes
     return groups
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# what a checkpoint's pickle imports
+# ---------------------------------------------------------------------------------------------------------------------
+
+_STRING_OPS = {"UNICODE", "SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "STRING", "BINSTRING", "SHORT_BINSTRING"}
+
+
+def pickle_globals(path) -> list[str]:
+    """The "module.name" globals the pickle of a torch.save file references, sorted, each once (lesson 01).
+
+    Reads the pickle opcodes with pickletools (nothing is unpickled, nothing imported): every name listed must be
+    importable, unchanged, when the file is loaded. Accepts the zip archive torch.save writes (its `*/data.pkl`) or a
+    plain pickle file.
+    """
+    import zipfile
+
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{p} does not exist: save a checkpoint there first (torch.save(obj, path))")
+    if zipfile.is_zipfile(p):
+        with zipfile.ZipFile(p) as zf:
+            pkl = [n for n in zf.namelist() if n.endswith("data.pkl") and n.count("/") == 1]
+            if len(pkl) != 1:
+                raise ValueError(f"{p} is a zip file but not a torch.save archive: expected one '<name>/data.pkl' "
+                                 f"member, found {pkl or 'none'} (a .keras file or another zip?)")
+            data = zf.read(pkl[0])
+    else:
+        data = p.read_bytes()
+    names: set[str] = set()
+    pushed: list = []  # values pushed so far (strings, else None): STACK_GLOBAL takes its two names from here
+    memo: dict = {}
+    try:
+        for op, arg, _ in pickletools.genops(data):
+            if op.name == "GLOBAL":  # protocols 0-3: "module name" in the opcode's argument
+                module, name = arg.split(" ", 1)
+                names.add(f"{module}.{name}")
+                pushed.append(None)
+            elif op.name == "STACK_GLOBAL":  # protocol 4+: module and name were pushed as two strings
+                module, name = pushed[-2:] if len(pushed) >= 2 else (None, None)
+                if not (isinstance(module, str) and isinstance(name, str)):
+                    raise ValueError(f"{p}: STACK_GLOBAL without two string operands; cannot name the global")
+                names.add(f"{module}.{name}")
+                pushed.append(None)
+            elif op.name in _STRING_OPS:
+                pushed.append(arg)
+            elif op.name in ("PUT", "BINPUT", "LONG_BINPUT"):
+                memo[arg] = pushed[-1] if pushed else None
+            elif op.name == "MEMOIZE":
+                memo[len(memo)] = pushed[-1] if pushed else None
+            elif op.name in ("GET", "BINGET", "LONG_BINGET"):
+                pushed.append(memo.get(arg))
+            else:
+                pushed.append(None)
+    except ValueError as exc:
+        if "STACK_GLOBAL" in str(exc):
+            raise
+        raise ValueError(f"{p} does not hold a readable pickle ({exc}): is it a torch.save file?") from exc
+    return sorted(names)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -169,6 +169,45 @@ def test_savedmodel_variable_bytes_rejects_non_savedmodel(tmp_path):
         inference.savedmodel_variable_bytes(tmp_path)
 
 
+@pytest.mark.parametrize("protocol", [2, 4])  # 2: torch.save's default (GLOBAL opcodes); 4+: STACK_GLOBAL
+def test_pickle_globals_whole_model_names_its_classes_state_dict_does_not(tmp_path, protocol):
+    net = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.ReLU())
+    whole, sd = tmp_path / "whole.pt", tmp_path / "sd.pt"
+    torch.save(net, whole, pickle_protocol=protocol)
+    torch.save(net.state_dict(), sd, pickle_protocol=protocol)
+    whole_names, sd_names = inference.pickle_globals(whole), inference.pickle_globals(sd)
+    classes = {"torch.nn.modules.container.Sequential", "torch.nn.modules.linear.Linear",
+               "torch.nn.modules.activation.ReLU"}
+    assert classes <= set(whole_names)
+    assert not classes & set(sd_names) and "collections.OrderedDict" in sd_names
+    assert set(sd_names) < set(whole_names)
+    if protocol == 2:  # torch's own scanner reads protocol 2 only (protocol 4's FRAME opcode: "Unsupported operand")
+        # independent check: what torch's restricted unpickler would refuse is among the names found
+        assert set(torch.serialization.get_unsafe_globals_in_checkpoint(whole)) <= set(whole_names)
+        assert torch.serialization.get_unsafe_globals_in_checkpoint(sd) == []
+
+
+def test_pickle_globals_reads_plain_pickles_and_explains_bad_files(tmp_path):
+    import collections
+    import pickle
+    import zipfile
+
+    plain = tmp_path / "plain.pkl"
+    plain.write_bytes(pickle.dumps({"a": collections.OrderedDict(), "b": [1, 2]}, protocol=5))
+    assert inference.pickle_globals(plain) == ["collections.OrderedDict"]
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        inference.pickle_globals(tmp_path / "missing.pt")
+    other_zip = tmp_path / "model.keras"
+    with zipfile.ZipFile(other_zip, "w") as zf:
+        zf.writestr("config.json", "{}")
+    with pytest.raises(ValueError, match="not a torch.save archive"):
+        inference.pickle_globals(other_zip)
+    junk = tmp_path / "junk.bin"
+    junk.write_bytes(b"not a pickle")
+    with pytest.raises(ValueError, match="does not hold a readable pickle"):
+        inference.pickle_globals(junk)
+
+
 def test_cold_start_rejects_bad_arguments():
     with pytest.raises(ValueError, match="batch must be >= 1"):
         inference.cold_start(batch=0)
