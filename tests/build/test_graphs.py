@@ -144,6 +144,23 @@ def test_parse_hlo():
         graphs.parse_hlo("HloModule x\n\n%c (a: f32[]) -> f32[] {\n  ROOT %a = f32[] parameter(0)\n}\n")
 
 
+def test_fusion_ops_separates_real_fusions_from_single_op_wrappers():
+    wrapped = HLO_TEXT.replace(
+        "ENTRY %main",
+        "%wrapped_negate_computation (p: f32[4]) -> f32[4] {\n  %p = f32[4]{0} parameter(0)\n"
+        "  ROOT %n = f32[4]{0} negate(%p)\n}\n\nENTRY %main",
+    ).replace(
+        "  %zero = f32[] constant(0)\n",
+        "  %wrapped_negate = f32[4]{0} fusion(%mul_fusion), kind=kLoop, calls=%wrapped_negate_computation\n"
+        "  %zero = f32[] constant(0)\n",
+    )
+    module = graphs.parse_hlo(wrapped)
+    assert module.fusion_kinds == ["kLoop", "kLoop"]
+    assert module.fusion_calls == ["fused_computation", "wrapped_negate_computation"]
+    assert module.fusion_ops == [["constant", "broadcast", "multiply"], ["negate"]]
+    assert graphs.parse_hlo(HLO_TEXT).fusion_ops == [["constant", "broadcast", "multiply"]]
+
+
 def test_read_hlo_dump(tmp_path):
     (tmp_path / "module_0001.a_inference_f_1__.before_optimizations.txt").write_text(HLO_TEXT)
     (tmp_path / "module_0001.a_inference_f_1__.cpu_after_optimizations.txt").write_text(HLO_TEXT)

@@ -6,7 +6,8 @@
 - ``graph_breaks``: torch._dynamo.explain boiled down to counts and one line per break;
 - ``node_kinds`` / ``kind_changes``: node-kind histograms of a TorchScript graph (before and after torch.jit.freeze);
 - ``count_retraces``: how many times a tf.function traced its Python body for a list of calls;
-- ``read_hlo_dump``: the XLA HLO modules written by ``XLA_FLAGS=--xla_dump_to=...``, before and after optimization;
+- ``read_hlo_dump``: the XLA HLO modules written by ``XLA_FLAGS=--xla_dump_to=...``, before and after optimization
+  (``HloModule.fusion_ops`` tells real fusions from single ops XLA wrapped in one);
 - ``run_in_fresh_process``: load a saved TorchScript (.pt) or torch.export (.pt2) file in a new Python process that
   never imports this course's code, and bring the output back;
 - ``jit_debug_run``: what a debugger sees of a scripted function's error, with TorchScript on and with PYTORCH_JIT=0
@@ -319,6 +320,7 @@ class HloModule:
     entry: str
     computations: dict[str, list[str]]
     fusion_kinds: list[str]  # kind=kLoop / kInput / kOutput / kCustom of each fusion instruction in the entry
+    fusion_calls: list[str] = field(default_factory=list)  # the computation each of those fusions calls, same order
 
     @property
     def entry_ops(self) -> collections.Counter:
@@ -332,6 +334,15 @@ class HloModule:
             sum(op != "parameter" for op in ops) for name, ops in self.computations.items() if name.startswith("fused")
         )
 
+    @property
+    def fusion_ops(self) -> list[list[str]]:
+        """Per fusion of the entry (same order as ``fusion_kinds``): the opcodes it runs as one loop, parameters excluded.
+
+        A list of length 1 is a single op that XLA wrapped in a fusion to emit it (XLA:CPU names those ``wrapped_*``):
+        nothing was fused there (lesson 02 separates the two when it counts the fusions of a training step).
+        """
+        return [[op for op in self.computations.get(name, []) if op != "parameter"] for name in self.fusion_calls]
+
 
 def parse_hlo(text: str) -> HloModule:
     """Parse HLO text (as XLA dumps it) into computations and opcodes (lesson 02)."""
@@ -340,7 +351,7 @@ def parse_hlo(text: str) -> HloModule:
         raise ValueError(f"not HLO text: expected a first line starting with 'HloModule ', got {lines[:1]!r}")
     name = lines[0].split()[1].rstrip(",")
     computations: dict[str, list[str]] = {}
-    entry, current, fusion_kinds = "", None, []
+    entry, current, fusion_kinds, fusion_calls = "", None, [], []
     for line in lines[1:]:
         m = _COMPUTATION.match(line)
         if m:
@@ -358,9 +369,11 @@ def parse_hlo(text: str) -> HloModule:
             if current == entry and m.group("op") == "fusion":
                 kind = re.search(r"kind=(k\w+)", line)
                 fusion_kinds.append(kind.group(1) if kind else "unknown")
+                calls = re.search(r"calls=%([^\s,]+)", line)
+                fusion_calls.append(calls.group(1) if calls else "")
     if not entry:
         raise ValueError(f"HLO module {name} has no ENTRY computation")
-    return HloModule(name, text, entry, computations, fusion_kinds)
+    return HloModule(name, text, entry, computations, fusion_kinds, fusion_calls)
 
 
 def read_hlo_dump(dump_dir, contains: str) -> tuple[HloModule, HloModule]:
