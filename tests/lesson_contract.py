@@ -27,6 +27,9 @@ REQUIRED_METRICS = {
         "freeze_speedup_resnet50", "tf_retraces_without_signature", "tf_retraces_with_signature", "xla_jit_speedup",
         "script_speedup_resnet50",  # the claims table's "TorchScript 10-30% faster"
         "pytorch_jit0_debuggable",
+        # XLA on a CNN training step (section 8, TensorFlow-gated: excused in SECTION_METRICS["02.tf-function"])
+        "xla_cnn_train_speedup", "xla_cnn_vs_eager_speedup", "xla_cnn_first_step_s", "xla_cnn_loss_max_rel_diff",
+        "xla_cnn_prediction_held", "xla_cnn_fusions", "xla_cnn_keras_auto_jit_compile",
     ],
     "03_profiling_amp": [
         "baseline_step_ms", "optimized_step_ms", "train_speedup", "amp_speedup", "channels_last_speedup",
@@ -38,7 +41,7 @@ REQUIRED_METRICS = {
         "onnx_parity_max_abs", "ort_speedup_vs_eager_bs8", "ort_nodes_before_opt", "ort_nodes_after_opt",
         "constant_folding_nodes_removed", "bert_fused_attention_nodes", "int8_size_ratio", "int8_top1_agreement",
         "int8_speedup", "digits_int8_accuracy_drop", "tf2onnx_parity_max_abs", "custom_op_ort_parity_max_abs",
-        "openvino_parity_max_abs",
+        "openvino_parity_max_abs", "tvm_parity_max_abs", "tvm_build_s", "tvm_vs_ort_speedup",
         "graph_pass_nodes_removed", "graph_pass_parity_max_abs", "graph_pass_ort_speedup",
         "preprocess_in_graph_parity_max_abs", "conversion_gate_checks",
     ],
@@ -48,6 +51,9 @@ REQUIRED_METRICS = {
         "bound_to_loopback_only", "mean_batch_size_formed", "batching_gain_upper_bound", "batching_gain_vs_upper_bound",
         "sweep_winner", "sweep_p95_budget_ms", "first_request_ms_cold", "first_request_ms_warm",
         "response_cache_available", "replicas_needed", "k8s_manifest_valid", "server_and_stubs_gone",
+        # the same pipeline on TorchServe (section 14, optional: excused in SECTION_METRICS["05.torchserve"])
+        "torchserve_parity_max_abs", "torchserve_p50_ms", "torchserve_p95_ms", "torchserve_vs_triton_p50",
+        "torchserve_stopped_clean",
     ],
     "06_fused_softmax": [
         "softmax_speedup_vs_torch_geomean", "softmax_speedup_vs_naive_geomean", "softmax_best_fraction_of_copy_bw",
@@ -71,11 +77,20 @@ SECTION_METRICS = {
         "keras_fit_requires_compile", "keras_format_reload_max_abs_diff", "h5_reload_max_abs_diff",
         "keras_format_size_kb", "h5_size_kb", "savedmodel_size_kb",
     ],
-    "02.tf-function": ["tf_retraces_without_signature", "tf_retraces_with_signature", "xla_jit_speedup"],
+    "02.tf-function": [
+        "tf_retraces_without_signature", "tf_retraces_with_signature", "xla_jit_speedup",
+        "xla_cnn_train_speedup", "xla_cnn_vs_eager_speedup", "xla_cnn_first_step_s", "xla_cnn_loss_max_rel_diff",
+        "xla_cnn_prediction_held", "xla_cnn_fusions", "xla_cnn_keras_auto_jit_compile",
+    ],
     "04.tensorflow": ["tf2onnx_parity_max_abs"],
     "04.ort-custom-op": ["custom_op_ort_parity_max_abs"],
     "04.openvino": ["openvino_parity_max_abs"],
+    "04.tvm": ["tvm_parity_max_abs", "tvm_build_s", "tvm_vs_ort_speedup"],
     "05.model-config": REQUIRED_METRICS["05_triton_ensemble"],
     "05.triton": REQUIRED_METRICS["05_triton_ensemble"],
     "05.k8s-manifest": ["k8s_manifest_valid"],
+    "05.torchserve": [
+        "torchserve_parity_max_abs", "torchserve_p50_ms", "torchserve_p95_ms", "torchserve_vs_triton_p50",
+        "torchserve_stopped_clean",
+    ],
 }

@@ -195,6 +195,43 @@ def distribution_version(module: str) -> tuple[str, str] | None:
     return module, "unknown version"  # importable, but from no distribution (a plain folder on sys.path)
 
 
+def _torchserve() -> Capability:
+    """TorchServe (lesson 05's optional section): the torchserve and torch-model-archiver packages, and a Java 11+
+    runtime for its frontend, found as its launcher finds it ($JAVA_HOME/bin/java, else java on PATH)."""
+    import re
+
+    problems = []
+    found = {dist: distribution_version(mod) for dist, mod in (("torchserve", "ts"),
+                                                               ("torch-model-archiver", "model_archiver"))}
+    missing = [dist for dist, f in found.items() if f is None]
+    if missing:
+        problems.append(f"python package{'s' * (len(missing) > 1)} {' and '.join(missing)} not installed "
+                        "(pip install torchserve torch-model-archiver)")
+    jdk_hint = "install a Java 11+ runtime (Debian/Ubuntu: apt install openjdk-17-jre-headless)"
+    java_home = os.environ.get("JAVA_HOME")
+    java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
+    java_text = ""
+    if not java or not Path(java).is_file():
+        where = f"{java} is missing ($JAVA_HOME is set)" if java_home else "no java on PATH"
+        problems.append(f"TorchServe's frontend needs Java: {where}; {jdk_hint}")
+    else:
+        try:
+            out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30)
+            m = re.search(r'version "((\d+)(?:\.(\d+))?[^"]*)"', out.stderr + out.stdout)
+        except (OSError, subprocess.SubprocessError) as exc:
+            m, out = None, exc
+        if m is None:
+            problems.append(f"{java} -version did not say its version ({str(out)[:80]}): {jdk_hint}")
+        else:
+            major = int(m.group(3)) if m.group(2) == "1" and m.group(3) else int(m.group(2))  # "1.8.0" is Java 8
+            if major < 11:
+                problems.append(f"{java} is Java {major}; TorchServe needs 11+: {jdk_hint}")
+            java_text = f"Java {m.group(1)} ({java})"
+    if problems:
+        return Capability("torchserve", False, "; ".join(problems))
+    return Capability("torchserve", True, ", ".join(f"{d} {f[1]}" for d, f in found.items()) + ", " + java_text)
+
+
 def _module(name: str, install_hint: str) -> Capability:
     found = distribution_version(name)
     if found is None:
@@ -218,6 +255,8 @@ def capabilities() -> dict[str, Capability]:
         "tritonclient": _module("tritonclient", "tritonclient[all]"),
         "kubernetes_validate": _module("kubernetes_validate", "kubernetes-validate"),
         "openvino": _module("openvino", "openvino"),
+        "tvm": _module("tvm", "apache-tvm"),
+        "torchserve": _torchserve(),
     }
     tf2onnx = _module("tf2onnx", "tf2onnx")
     caps["tf2onnx"] = Capability("tf2onnx", caps["tensorflow"].available and tf2onnx.available,
@@ -296,7 +335,8 @@ PACKAGES = {
     "torch": "torch", "torchvision": "torchvision", "numpy": "numpy", "onnx": "onnx", "onnxruntime": "onnxruntime",
     "onnxscript": "onnxscript", "transformers": "transformers", "scikit-learn": "sklearn",
     "tensorflow": "tensorflow", "tf2onnx": "tf2onnx", "onnxruntime-extensions": "onnxruntime_extensions",
-    "nvidia-pytriton": "pytriton", "tritonclient": "tritonclient", "openvino": "openvino",
+    "nvidia-pytriton": "pytriton", "tritonclient": "tritonclient", "openvino": "openvino", "torchserve": "ts",
+    "apache-tvm": "tvm",
 }
 CORE_PACKAGES = ("torch", "torchvision", "numpy")
 

@@ -40,7 +40,8 @@ OPTIONAL_PACKAGES = {
     "tensorflow": "the TensorFlow sections of 01, 02, 04 and 07", "tf2onnx": "04's tf2onnx section",
     "onnxruntime_extensions": "04's ONNX Runtime custom-op section", "pytriton": "00's Triton start and lesson 05",
     "tritonclient": "lesson 05", "kubernetes_validate": "05's Kubernetes manifest check",
-    "openvino": "04's OpenVINO section",
+    "openvino": "04's OpenVINO section", "tvm": "04's Apache TVM section (apache-tvm)",
+    "ts": "05's TorchServe section (torchserve, with torch-model-archiver and Java 11+)",
 }
 SUPPORTED_PYTHON = ((3, 10), (3, 12))  # the course environment pins 3.11; your own environment may use any of these
 LESSONS = {
