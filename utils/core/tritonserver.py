@@ -28,7 +28,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from utils.core import env
+from utils.core import env, procgroup
 
 __all__ = [
     "TritonServerError",
@@ -258,30 +258,12 @@ class TritonServer:
         if proc is None:
             return
         atexit.unregister(self.stop)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-        # the stubs share the group; make sure none outlived the server
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        procgroup.end(proc, timeout, sigterm=True)  # the stubs share the group: none outlives the server
 
     # -- inspection (lesson 05) -------------------------------------------------------------------------------------
     def processes(self) -> list:
         """psutil.Process objects of the server and everything it started (the Python-backend stubs)."""
-        import psutil
-
-        if self.process is None:
-            return []
-        try:
-            root = psutil.Process(self.process.pid)
-            return [root, *root.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return []
+        return procgroup.tree(self.process)
 
     def _per_model(self, read) -> dict[str, float]:
         """{"tritonserver": x, <model name>: x, ...}: read(process) summed per model; a stub is named by its model.py."""

@@ -40,7 +40,7 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from utils.core import env, tritonserver
+from utils.core import env, procgroup, tritonserver
 from utils.serving import loadgen
 
 __all__ = ["ARCHIVER", "HANDLER", "TorchServeError", "TorchServe", "config_properties", "post", "http_load"]
@@ -275,29 +275,14 @@ class TorchServe:
             with contextlib.suppress(OSError, subprocess.SubprocessError):  # the group kill below is the fallback
                 subprocess.run([sys.executable, "-m", "ts.model_server", "--stop"], env=self.environ(), cwd=self.workdir,
                                capture_output=True, timeout=timeout)
-            try:
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
-        with contextlib.suppress(ProcessLookupError, PermissionError):  # workers that outlived java, if any
-            os.killpg(proc.pid, signal.SIGKILL)
+        procgroup.end(proc, timeout)  # kills the group if java did not stop, and any worker that outlived it
         self.stop_seconds = time.perf_counter() - t0
         shutil.rmtree(self.tmp_dir, ignore_errors=True)
 
     # -- inspection --------------------------------------------------------------------------------------------------
     def processes(self) -> list:
         """psutil.Process objects: the launcher, java (the frontend) and the Python workers."""
-        import psutil
-
-        if self.process is None:
-            return []
-        try:
-            root = psutil.Process(self.process.pid)
-            return [root, *root.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return []
+        return procgroup.tree(self.process)
 
     def _remember(self) -> None:
         import psutil
