@@ -36,6 +36,9 @@ REQUIRED_METRICS = {
         "dataloader_workers_speedup", "amp_loss_max_rel_diff", "trace_events", "top_bottleneck_before",
         "top_bottleneck_after", "amp_prediction", "amp_prediction_held", "compute_bound_step_ms", "loop_efficiency",
         "baseline_efficiency",
+        # the same step in PyTorch Lightning (section 8, optional: excused in SECTION_METRICS["03.lightning"])
+        "lightning_loss_max_rel_diff", "lightning_step_overhead_ms", "lightning_vs_loop_step",
+        "lightning_prediction_held",
     ],
     "04_onnx_tensorrt": [
         "onnx_parity_max_abs", "ort_speedup_vs_eager_bs8", "ort_nodes_before_opt", "ort_nodes_after_opt",
@@ -81,6 +84,10 @@ SECTION_METRICS = {
         "tf_retraces_without_signature", "tf_retraces_with_signature", "xla_jit_speedup",
         "xla_cnn_train_speedup", "xla_cnn_vs_eager_speedup", "xla_cnn_first_step_s", "xla_cnn_loss_max_rel_diff",
         "xla_cnn_prediction_held", "xla_cnn_fusions", "xla_cnn_keras_auto_jit_compile",
+    ],
+    "03.lightning": [
+        "lightning_loss_max_rel_diff", "lightning_step_overhead_ms", "lightning_vs_loop_step",
+        "lightning_prediction_held",
     ],
     "04.tensorflow": ["tf2onnx_parity_max_abs"],
     "04.ort-custom-op": ["custom_op_ort_parity_max_abs"],

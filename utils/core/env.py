@@ -256,6 +256,7 @@ def capabilities() -> dict[str, Capability]:
         "kubernetes_validate": _module("kubernetes_validate", "kubernetes-validate"),
         "openvino": _module("openvino", "openvino"),
         "tvm": _module("tvm", "apache-tvm"),
+        "lightning": _module("lightning", "lightning"),
         "torchserve": _torchserve(),
     }
     tf2onnx = _module("tf2onnx", "tf2onnx")
@@ -336,7 +337,7 @@ PACKAGES = {
     "onnxscript": "onnxscript", "transformers": "transformers", "scikit-learn": "sklearn",
     "tensorflow": "tensorflow", "tf2onnx": "tf2onnx", "onnxruntime-extensions": "onnxruntime_extensions",
     "nvidia-pytriton": "pytriton", "tritonclient": "tritonclient", "openvino": "openvino", "torchserve": "ts",
-    "apache-tvm": "tvm",
+    "apache-tvm": "tvm", "lightning": "lightning",
 }
 CORE_PACKAGES = ("torch", "torchvision", "numpy")
 

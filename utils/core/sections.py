@@ -29,6 +29,8 @@ OPTIONAL_SECTIONS: dict[str, tuple[str, str]] = {
     "01.keras": ("tensorflow", "Keras call vs predict, tf.function and a SavedModel for TF Serving"),
     "02.tf-function": ("tensorflow", "tf.function tracing and retracing, AutoGraph, XLA fusion"),
     "02.cuda-graphs": ("cuda", "CUDA graph capture and replay"),
+    "03.lightning": ("lightning", "the training step as a LightningModule run by lightning.Trainer: loss parity, "
+                     "per-step cost vs the course's loop"),
     "03.gpu-amp": ("cuda", "fp16 autocast with GradScaler"),
     "03.cudnn-benchmark": ("cuda", "cudnn.benchmark autotuning"),
     "03.gpu-utilization": ("cuda", "GPU utilization during training"),
