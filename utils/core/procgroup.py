@@ -1,7 +1,10 @@
 """A server started in its own process group, and everything it started (lesson 05's Triton and TorchServe).
 
+``spawn(command, log_path, env=...)`` starts it as the leader of a new process group, its output in a log file, set to
+get SIGTERM when the process that started it dies (PR_SET_PDEATHSIG): no orphan is left when a kernel is killed.
 ``tree(proc)`` lists the process and its descendants; ``end(proc, timeout)`` waits for it to exit, kills the whole
 group if it does not, and then kills whatever of the group outlived it (stubs and workers share the group).
+``log_tail(path)`` is the end of its log, for error messages.
 """
 
 from __future__ import annotations
@@ -11,7 +14,36 @@ import os
 import signal
 import subprocess
 
-__all__ = ["tree", "end"]
+__all__ = ["spawn", "tree", "end", "log_tail"]
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def spawn(command: list[str], log_path: os.PathLike, *, env: dict, cwd: os.PathLike | None = None) -> subprocess.Popen:
+    """Start `command` as the leader of a new process group, stdout and stderr to `log_path` (overwritten), dying with
+    this process."""
+    log = open(log_path, "w")  # noqa: SIM115 - the child owns it; closed after Popen
+    try:
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd,
+                                start_new_session=True, preexec_fn=_die_with_parent)
+    finally:
+        log.close()
+
+
+def log_tail(path: os.PathLike, lines: int = 40) -> str:
+    """The last `lines` lines of a log file, or "(no log)"."""
+    try:
+        with open(path, errors="replace") as f:
+            return "\n".join(f.read().splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
 
 
 def tree(proc: subprocess.Popen | None) -> list:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -126,15 +125,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 class TritonServer:
     """A tritonserver process on 127.0.0.1 (lesson 05). Use as a context manager, or call start()/stop()."""
 
@@ -210,10 +200,7 @@ class TritonServer:
                 f"--cache-config=local,size={self.response_cache_bytes}"]
 
     def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return procgroup.log_tail(self.log_path, lines)
 
     def is_ready(self) -> bool:
         try:
@@ -227,18 +214,7 @@ class TritonServer:
             raise TritonServerError("this server is already started")
         self.http_port, self.grpc_port, self.metrics_port = free_port(), free_port(), free_port()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "w")  # noqa: SIM115 - the child owns it; closed after Popen
-        try:
-            self.process = subprocess.Popen(
-                self.command(),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=server_env(),
-                start_new_session=True,  # own process group: stop() kills the backend stubs too
-                preexec_fn=_die_with_parent,
-            )
-        finally:
-            log.close()
+        self.process = procgroup.spawn(self.command(), self.log_path, env=server_env())  # stop() ends its stubs too
         atexit.register(self.stop)
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:

@@ -30,7 +30,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -68,15 +67,6 @@ start()
 
 class TorchServeError(RuntimeError):
     """TorchServe did not start, or a model did not load; the message ends with the tail of its log."""
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def _registration(name: str, spec: Mapping) -> dict:
@@ -183,10 +173,7 @@ class TorchServe:
         return out
 
     def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return procgroup.log_tail(self.log_path, lines)
 
     def log_lines(self, pattern: str) -> list[str]:
         """Lines of the server log that match a regular expression."""
@@ -234,13 +221,8 @@ class TorchServe:
         (self.workdir / "logs").mkdir(exist_ok=True)
         self.ports = {p: tritonserver.free_port() for p in PORTS}
         self.config_path.write_text(config_properties(self.ports, self.models, versions=self.versions))
-        log = open(self.log_path, "w")  # noqa: SIM115 - the child owns it; closed after Popen
-        try:
-            self.process = subprocess.Popen(
-                [sys.executable, "-c", _LAUNCHER, *self.command()[1:]], stdout=log, stderr=subprocess.STDOUT,
-                env=self.environ(), cwd=self.workdir, start_new_session=True, preexec_fn=_die_with_parent)
-        finally:
-            log.close()
+        self.process = procgroup.spawn([sys.executable, "-c", _LAUNCHER, *self.command()[1:]], self.log_path,
+                                       env=self.environ(), cwd=self.workdir)
         atexit.register(self.stop)
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
