@@ -62,8 +62,8 @@ REQUIRED_METRICS = {
         "softmax_speedup_vs_torch_geomean", "softmax_speedup_vs_naive_geomean", "softmax_best_fraction_of_copy_bw",
         "softmax_large_fraction_of_copy_bw", "opcheck_passed", "gradcheck_passed",
     ],
-    "07_interview_prep": ["bank_questions", "code_proofs_run", "code_proofs_passed"],
-    "08_llm_inference": [
+    "08_interview_prep": ["bank_questions", "code_proofs_run", "code_proofs_passed"],
+    "07_llm_inference": [
         "kv_cache_speedup_at_max_len", "kv_cache_token_parity", "kv_cache_bytes_per_token",
         "tiled_attention_parity_max_abs", "attention_naive_over_tiled_peak_memory", "continuous_vs_static_throughput",
         "serving_all_tokens_correct", "static_padding_waste_fraction", "kv_paged_waste_fraction",

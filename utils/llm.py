@@ -1,6 +1,6 @@
-"""Inside LLM inference (lesson 08): a small decoder-only transformer and the machinery that serves it.
+"""Inside LLM inference (lesson 07): a small decoder-only transformer and the machinery that serves it.
 
-Everything here is the subject of lesson 08, and the notebook prints the parts it teaches from this file:
+Everything here is the subject of lesson 07, and the notebook prints the parts it teaches from this file:
 
 - ``TinyGPT``: a decoder-only transformer (token + learned position embeddings, pre-norm blocks, causal attention
   through ``F.scaled_dot_product_attention``), trained for a few seconds on the sentences bundled in
@@ -51,7 +51,7 @@ __all__ = [
 
 @dataclass(frozen=True)
 class GPTConfig:
-    """Sizes of a TinyGPT (lesson 08). head_dim = d_model // n_heads."""
+    """Sizes of a TinyGPT (lesson 07). head_dim = d_model // n_heads."""
 
     vocab_size: int
     d_model: int = 128
@@ -74,7 +74,7 @@ class GPTConfig:
 
 
 class CharTokenizer:
-    """Characters as tokens (lesson 08): the vocabulary is every character of the training text."""
+    """Characters as tokens (lesson 07): the vocabulary is every character of the training text."""
 
     def __init__(self, text: str):
         if not text:
@@ -99,7 +99,7 @@ class CharTokenizer:
 
 
 class Block(nn.Module):
-    """One pre-norm transformer block (lesson 08), split where a KV cache plugs in: project() makes q, k, v;
+    """One pre-norm transformer block (lesson 07), split where a KV cache plugs in: project() makes q, k, v;
     the caller runs attention over whatever keys and values it holds; finish() adds the attention output and the MLP.
     """
 
@@ -127,7 +127,7 @@ class Block(nn.Module):
 
 
 class TinyGPT(nn.Module):
-    """A small decoder-only transformer (lesson 08). forward(tokens) recomputes every position: no cache."""
+    """A small decoder-only transformer (lesson 07). forward(tokens) recomputes every position: no cache."""
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -173,14 +173,14 @@ class TinyGPT(nn.Module):
 
 
 def corpus_text() -> str:
-    """The training text: the course's sentences (utils/core/data/sentences.csv), one per line (lesson 08)."""
+    """The training text: the course's sentences (utils/core/data/sentences.csv), one per line (lesson 07)."""
     texts, _, _ = labeled_sentences()
     return "".join(text.strip() + "\n" for text in texts)
 
 
 def train(model: TinyGPT, data: torch.Tensor, steps: int, *, batch: int = 16, ctx: int = 64, lr: float = 3e-3,
           seed: int = 0, progress: bool = True) -> list[float]:
-    """A few AdamW steps of next-token prediction on random windows of `data` (lesson 08). Returns the losses."""
+    """A few AdamW steps of next-token prediction on random windows of `data` (lesson 07). Returns the losses."""
     if data.dim() != 1 or data.numel() <= ctx + 1:
         raise ValueError(f"data must be a 1-d token tensor longer than ctx + 1 = {ctx + 1}, got {tuple(data.shape)}")
     if ctx > model.cfg.max_len:
@@ -211,7 +211,7 @@ def train(model: TinyGPT, data: torch.Tensor, steps: int, *, batch: int = 16, ct
 
 
 def tiny_gpt(steps: int = 300, *, seed: int = 0, cache: bool = True, progress: bool = True, **sizes):
-    """(model, tokenizer): a TinyGPT trained for `steps` steps on corpus_text() (lesson 08 and its lab), eval mode.
+    """(model, tokenizer): a TinyGPT trained for `steps` steps on corpus_text() (lesson 07 and its lab), eval mode.
 
     The weights are cached under build/llm/ (keyed by the sizes, steps, seed and torch version) and loaded with
     torch.load(weights_only=True); `model.train_losses` holds the losses of the run that made them.
@@ -239,7 +239,7 @@ def tiny_gpt(steps: int = 300, *, seed: int = 0, cache: bool = True, progress: b
 
 
 def warmup() -> str:
-    """`make warmup`: train lesson 08's model once (full-mode steps) so the lesson and its lab load cached weights."""
+    """`make warmup`: train lesson 07's model once (full-mode steps) so the lesson and its lab load cached weights."""
     path_before = set((env.build_dir() / "llm").glob("tinygpt_*.pt"))
     t0 = time.perf_counter()
     model, _ = tiny_gpt(300, progress=False)
@@ -278,7 +278,7 @@ def generate(model: TinyGPT, prompt: torch.Tensor, n_new: int) -> torch.Tensor:
 
 
 class KVCache:
-    """Preallocated keys and values for every layer (lesson 08): [n_layers] x [B, n_heads, max_len, head_dim]."""
+    """Preallocated keys and values for every layer (lesson 07): [n_layers] x [B, n_heads, max_len, head_dim]."""
 
     def __init__(self, cfg: GPTConfig, batch: int, max_len: int | None = None, dtype=torch.float32, device="cpu"):
         self.max_len = max_len or cfg.max_len
@@ -334,7 +334,7 @@ def step_times(model: TinyGPT, fn: Callable[[], object]) -> tuple[object, list[f
     """Run fn() and time each generation step: a forward hook on model.lm_head marks the end of every step.
 
     Returns (fn's result, [seconds per step]). Works for any loop that calls model.lm_head once per new token
-    (lesson 08 and its lab time the reference and the cached loop this way).
+    (lesson 07 and its lab time the reference and the cached loop this way).
     """
     marks: list[float] = []
     handle = model.lm_head.register_forward_hook(lambda *_: marks.append(time.perf_counter()))
@@ -352,7 +352,7 @@ def verify_greedy(model: TinyGPT, prompt: torch.Tensor, output, *, tol: float = 
     """How many tokens of `output` are NOT the greedy choice of the reference model given the tokens before them.
 
     One full (uncached) forward over prompt + output gives the reference logits at every position; a token counts as
-    right when its logit is within `tol` of the largest (float rounding may reorder exact near-ties). Lesson 08.
+    right when its logit is within `tol` of the largest (float rounding may reorder exact near-ties). Lesson 07.
     """
     prompt = prompt.reshape(-1)
     output = torch.as_tensor(list(output) if not isinstance(output, torch.Tensor) else output, dtype=torch.long)
@@ -365,12 +365,12 @@ def verify_greedy(model: TinyGPT, prompt: torch.Tensor, output, *, tol: float = 
 
 
 def kv_cache_bytes_per_token(cfg: GPTConfig, dtype=torch.float32) -> int:
-    """Bytes of KV cache one token adds: 2 (k and v) x layers x d_model x bytes per element (lesson 08)."""
+    """Bytes of KV cache one token adds: 2 (k and v) x layers x d_model x bytes per element (lesson 07)."""
     return 2 * cfg.n_layers * cfg.d_model * torch.empty((), dtype=dtype).element_size()
 
 
 def decode_step_bytes(model: TinyGPT, position: int, batch: int = 1) -> int:
-    """Bytes one decode step must read (lesson 08's memory-bound prediction): every weight once, whatever the batch,
+    """Bytes one decode step must read (lesson 07's memory-bound prediction): every weight once, whatever the batch,
     plus each sequence's KV cache up to `position`. Embedding tables count only the rows looked up.
     """
     if position < 0 or batch < 1:
@@ -398,7 +398,7 @@ def _check_qkv(q, k, v):
 
 
 def naive_attention(q, k, v, *, causal: bool = False):
-    """softmax(q k^T / sqrt(d)) v the textbook way: the full [Tq, Tk] score matrix is materialised (lesson 08)."""
+    """softmax(q k^T / sqrt(d)) v the textbook way: the full [Tq, Tk] score matrix is materialised (lesson 07)."""
     _check_qkv(q, k, v)
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     if causal:
@@ -408,7 +408,7 @@ def naive_attention(q, k, v, *, causal: bool = False):
 
 
 def tiled_attention(q, k, v, *, causal: bool = False, block_q: int = 64, block_k: int = 64):
-    """FlashAttention's forward pass in PyTorch (lesson 08): one [block_q, block_k] tile of scores at a time.
+    """FlashAttention's forward pass in PyTorch (lesson 07): one [block_q, block_k] tile of scores at a time.
 
     For each block of queries, the key/value tiles stream past while a running max m, a running sum denom and an
     unnormalised output acc are kept; a new tile rescales the old denom and acc by exp(m_old - m_new), the merge rule of
@@ -483,7 +483,7 @@ class _LiveBytes(TorchDispatchMode):
 
 
 def peak_live_bytes(fn: Callable[[], object]) -> int:
-    """Peak bytes held by tensors that operators allocated while fn() ran, its result included (lesson 08).
+    """Peak bytes held by tensors that operators allocated while fn() ran, its result included (lesson 07).
 
     Counted at the dispatcher: every operator's fresh output adds its storage's bytes until the last tensor using it
     is freed. Scratch buffers a fused kernel allocates inside itself are not operator outputs and are not seen.
@@ -496,7 +496,7 @@ def peak_live_bytes(fn: Callable[[], object]) -> int:
 
 
 def sdpa_backend(q, k, v, **kwargs) -> list[str]:
-    """The aten kernels F.scaled_dot_product_attention dispatched to for these inputs (profiled; lesson 08)."""
+    """The aten kernels F.scaled_dot_product_attention dispatched to for these inputs (profiled; lesson 07)."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         F.scaled_dot_product_attention(q, k, v, **kwargs)
     names = [e.key for e in prof.key_averages()]
@@ -510,7 +510,7 @@ def sdpa_backend(q, k, v, **kwargs) -> list[str]:
 
 @dataclass
 class Request:
-    """One generation request (lesson 08): what arrives, and what the engine fills in as it is served."""
+    """One generation request (lesson 07): what arrives, and what the engine fills in as it is served."""
 
     id: int
     arrival: float  # seconds after the trace starts
@@ -527,7 +527,7 @@ class Request:
 
 def make_trace(tok: CharTokenizer, n: int, *, rate: float, mean_new: float = 40, max_new: int = 192,
                prompt_len: tuple[int, int] = (8, 48), seed: int = 0, text: str | None = None) -> list[Request]:
-    """A simulated arrival trace (lesson 08): Poisson arrivals at `rate` requests/s, prompts cut from `text` (default
+    """A simulated arrival trace (lesson 07): Poisson arrivals at `rate` requests/s, prompts cut from `text` (default
     the corpus), output lengths geometric with mean `mean_new` (many short answers, a long tail), clipped to
     [1, max_new].
     """
@@ -558,7 +558,7 @@ def fresh(trace: Sequence[Request]) -> list[Request]:
 
 
 class Engine:
-    """Real model steps over `max_batch` KV-cache slots, and a clock (lesson 08).
+    """Real model steps over `max_batch` KV-cache slots, and a clock (lesson 07).
 
     prefill(slot, request) runs the prompt through the model into that slot and emits the first token;
     decode(slots) runs ONE step for a batch of slots at once (each at its own position) and emits one token for each
@@ -689,7 +689,7 @@ class Engine:
 
 
 def decode_step_seconds(model: TinyGPT, max_batch: int, *, prompt_len: int = 16, steps: int = 32) -> float:
-    """Median seconds of one engine decode step with every slot busy (sets a trace's arrival rate; lesson 08)."""
+    """Median seconds of one engine decode step with every slot busy (sets a trace's arrival rate; lesson 07)."""
     engine = Engine(model, max_batch, max_len=min(model.cfg.max_len, prompt_len + steps + 2))
     for slot in range(max_batch):
         engine.prefill(slot, Request(slot, 0.0, torch.zeros(prompt_len, dtype=torch.long), steps + 2))
@@ -700,7 +700,7 @@ def decode_step_seconds(model: TinyGPT, max_batch: int, *, prompt_len: int = 16,
 
 def run_static(engine: Engine, trace: Sequence[Request]) -> list[Request]:
     """Request-level (static) batching: form a batch of up to max_batch requests, run it until its LAST request is
-    done (finished rows stay in the fixed-shape batch), then form the next. Lesson 08's baseline.
+    done (finished rows stay in the fixed-shape batch), then form the next. Lesson 07's baseline.
     """
     pending = deque(sorted(trace, key=lambda r: r.arrival))
     while pending:
@@ -745,7 +745,7 @@ def run_continuous(engine: Engine, trace: Sequence[Request]) -> list[Request]:
 
 
 def summarize(trace: Sequence[Request], engine: Engine | None = None) -> dict:
-    """Throughput, time to first token and time per output token of a served trace (lesson 08)."""
+    """Throughput, time to first token and time per output token of a served trace (lesson 07)."""
     if not trace:
         raise ValueError("summarize() needs a non-empty trace")
     unfinished = [r.id for r in trace if not r.done or r.t_done is None or r.t_first is None]
@@ -775,7 +775,7 @@ def summarize(trace: Sequence[Request], engine: Engine | None = None) -> dict:
 
 
 class PagedKVCache:
-    """KV cache in fixed-size blocks with a block table per sequence (vLLM's PagedAttention bookkeeping; lesson 08).
+    """KV cache in fixed-size blocks with a block table per sequence (vLLM's PagedAttention bookkeeping; lesson 07).
 
     The pools hold [n_layers, num_blocks, n_heads, block_size, head_dim] keys and values. append(seq, k, v) writes
     new positions (allocating a block only when the last one is full); gather(seq) reads a sequence back as
@@ -841,7 +841,7 @@ class PagedKVCache:
 
 def reserved_slots(lengths: Sequence[int], *, max_len: int, block_size: int) -> dict:
     """KV slots reserved for sequences of these current lengths: contiguous (max_len each, the engine's slots) vs
-    paged (whole blocks of block_size). Lesson 08 counts the waste of both over a served trace.
+    paged (whole blocks of block_size). Lesson 07 counts the waste of both over a served trace.
     """
     if any(n < 0 or n > max_len for n in lengths):
         raise ValueError(f"lengths must lie in [0, max_len={max_len}], got {list(lengths)[:10]}")
@@ -857,7 +857,7 @@ def reserved_slots(lengths: Sequence[int], *, max_len: int, block_size: int) -> 
 
 
 class Int8Linear(nn.Module):
-    """A Linear layer whose weights are stored as int8 with one fp scale per output channel (lesson 08).
+    """A Linear layer whose weights are stored as int8 with one fp scale per output channel (lesson 07).
 
     w ~= w_int8 * scale[:, None], scale = max|w_row| / 127. On the CPU the matmul reads the int8 weights directly
     through aten's _weight_int8pack_mm where this torch has it; elsewhere the weights are dequantized first.

@@ -1,4 +1,4 @@
-"""utils.llm (lesson 08): cached decoding, tiled attention, the serving engine and schedulers, paged KV, int8."""
+"""utils.llm (lesson 07): cached decoding, tiled attention, the serving engine and schedulers, paged KV, int8."""
 
 import math
 
@@ -322,7 +322,7 @@ def test_tiny_gpt_trains_and_caches(tmp_path, monkeypatch):
 
 
 def test_lab08_checks_explain_wrong_answers(tmp_path, monkeypatch):
-    from utils.checks import lab08
+    from utils.checks import lab07
     from utils.checks import LabCheckFailed
 
     monkeypatch.setenv("WORKBOOK_BUILD_DIR", str(tmp_path))
@@ -332,9 +332,9 @@ def test_lab08_checks_explain_wrong_answers(tmp_path, monkeypatch):
         return (llm.generate(model, prompt, n_new) + 1) % model.cfg.vocab_size
 
     with pytest.raises(LabCheckFailed, match="differ from the reference from step 0"):
-        lab08.check_kv_cache(off_by_one, model, tok, max_len=40, rounds=1)
+        lab07.check_kv_cache(off_by_one, model, tok, max_len=40, rounds=1)
     with pytest.raises(LabCheckFailed, match="of shape"):
-        lab08.check_kv_cache(lambda m, p, n: llm.generate(m, p, n)[0], model, tok, max_len=40, rounds=1)
+        lab07.check_kv_cache(lambda m, p, n: llm.generate(m, p, n)[0], model, tok, max_len=40, rounds=1)
 
     def never_releases(engine, trace):
         for slot, request in zip(engine.free_slots(), sorted(trace, key=lambda r: r.arrival), strict=False):
@@ -343,7 +343,7 @@ def test_lab08_checks_explain_wrong_answers(tmp_path, monkeypatch):
         return trace
 
     with pytest.raises(LabCheckFailed, match="did not get all their tokens"):
-        lab08.check_scheduler(never_releases, model, tok, n_requests=6, max_batch=2, rounds=1)
+        lab07.check_scheduler(never_releases, model, tok, n_requests=6, max_batch=2, rounds=1)
 
 
 @pytest.mark.parametrize("steps", [1, 2, 10])

@@ -39,7 +39,7 @@ def test_doctor_fails_only_when_the_course_cannot_run(monkeypatch, capsys):
     real = doctor._version
     monkeypatch.setattr(doctor, "_version", lambda d: None if d == "tensorflow" else real(d))
     assert doctor.main(["--quick"]) == 0  # a lesson package missing is a warning
-    assert "the TensorFlow sections of 01, 02, 04 and 07 will skip" in capsys.readouterr().out
+    assert "the TensorFlow sections of 01, 02, 04 and 08 will skip" in capsys.readouterr().out
     monkeypatch.setattr(doctor, "_version", lambda d: None if d == "torch" else real(d))
     assert doctor.main(["--quick"]) == 1  # a core package missing is fatal
     out = capsys.readouterr().out

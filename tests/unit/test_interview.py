@@ -1,4 +1,4 @@
-"""utils.interview and its bank (lesson 07): the bank validates, every proof runs, the quiz is seeded."""
+"""utils.interview and its bank (lesson 08): the bank validates, every proof runs, the quiz is seeded."""
 
 import importlib.util
 import json
@@ -29,7 +29,7 @@ SOURCE_QUESTIONS = {
 def test_bank_is_large_and_covers_every_lesson():
     assert len(BANK) >= 30
     lessons = {q.lesson for q in BANK}
-    assert {stem for stem in interview.LESSON_TITLES if stem != "07_interview_prep"} <= lessons
+    assert {stem for stem in interview.LESSON_TITLES if stem != "08_interview_prep"} <= lessons
 
 
 def test_every_source_question_is_in_the_bank():
@@ -67,9 +67,9 @@ def test_metric_pointers_resolve_to_a_section_where_the_lesson_exists():
 
 
 def test_the_notebook_has_one_card_per_question():
-    nb = nbformat.read(str(env.repo_root() / "notebooks" / "07_interview_prep.ipynb"), as_version=4)
+    nb = nbformat.read(str(env.repo_root() / "notebooks" / "08_interview_prep.ipynb"), as_version=4)
     cards = re.findall(r'interview\.card\("([a-z0-9-]+)"', "\n".join(c.source for c in nb.cells if c.cell_type == "code"))
-    assert sorted(cards) == sorted(q.id for q in BANK), "notebooks/07_interview_prep.ipynb and the bank disagree"
+    assert sorted(cards) == sorted(q.id for q in BANK), "notebooks/08_interview_prep.ipynb and the bank disagree"
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from utils.core import env
 
 ROOT = env.repo_root()
 LESSON_MODULES = {"00": None, "01": "inference", "02": "graphs", "03": "training", "04": "conversion",
-                  "05": "serving", "06": "kernels", "07": "interview", "08": "llm"}
+                  "05": "serving", "06": "kernels", "07": "llm", "08": "interview"}
 MODULES = sorted((ROOT / "utils").rglob("*.py"))
 
 

@@ -1,4 +1,4 @@
-"""Lab checks: one module per lab (utils.checks.lab00 ... lab08), each called by its lab's `# CHECK` cells, and the
+"""Lab checks: one module per lab (utils.checks.lab00 ... lab07), each called by its lab's `# CHECK` cells, and the
 helpers they share. On the solution every check passes; on the untouched lab every check raises LabCheckFailed with a
 message that says what was expected, what came, and which TODO to fill in (generation: utils.course.labs).
 """

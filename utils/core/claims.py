@@ -1,4 +1,4 @@
-"""The source claims, checked against this machine's measurements (course report; lesson 07).
+"""The source claims, checked against this machine's measurements (course report; lesson 08).
 
 The source material repeats a few numbers ("TorchScript is 10-30% faster", "quantization: 4x smaller, 2-4x
 faster", ...). Each ``Claim`` names the metrics the lessons record (``build/results/<lesson>.json``) that test it and
@@ -139,8 +139,8 @@ CLAIMS: tuple[Claim, ...] = (
     Claim(
         "continuous-batching", "Continuous batching with a paged KV cache: 2-4x the serving throughput",
         "vLLM PagedAttention paper (SOSP 2023)",
-        (("08_llm_inference", "continuous_vs_static_throughput"),), 2.0, 4.0,
-        also=(("08_llm_inference", "static_padding_waste_fraction"), ("08_llm_inference", "paged_capacity_gain")),
+        (("07_llm_inference", "continuous_vs_static_throughput"),), 2.0, 4.0,
+        also=(("07_llm_inference", "static_padding_waste_fraction"), ("07_llm_inference", "paged_capacity_gain")),
         explain="iteration-level vs request-level (static) scheduling, same engine and arrival trace; vLLM compares "
         "with Orca and FasterTransformer on GPUs at the same latency",
     ),
@@ -243,7 +243,7 @@ def _evaluate_one(c: Claim, results: dict[str, dict]) -> ClaimResult:
 def evaluate(results: dict[str, dict], claims: tuple[Claim, ...] = CLAIMS) -> list[ClaimResult]:
     """One ClaimResult per claim from `results` ({lesson stem: results file}, as report.load_all() returns them).
 
-    Course report; lesson 07.
+    Course report; lesson 08.
     """
     if not isinstance(results, dict):
         raise TypeError(f"evaluate() takes the results dict from report.load_all(), got {type(results).__name__}")

@@ -51,7 +51,7 @@ OPTIONAL_SECTIONS: dict[str, tuple[str, str]] = {
     "06.cuda-kernel": ("cuda+nvcc", "build and run the CUDA softmax kernel"),
     "06.cuda-compile-check": ("nvcc", "compile-check the .cu source with nvcc"),
     "06.gpu-sweep": ("cuda+nvcc", "softmax bandwidth sweep on the GPU"),
-    "08.gpu-sdpa": ("cuda", "SDPA flash vs math backend on the GPU: time and peak memory"),
+    "07.gpu-sdpa": ("cuda", "SDPA flash vs math backend on the GPU: time and peak memory"),
 }
 
 

@@ -30,8 +30,8 @@ WORKSHOP_PLAN: dict[str, tuple[int, int]] = {
     "04_onnx_tensorrt": (25, 25),
     "05_triton_ensemble": (20, 20),
     "06_fused_softmax": (20, 25),
-    "07_interview_prep": (10, 20),
-    "08_llm_inference": (20, 25),
+    "07_llm_inference": (20, 25),
+    "08_interview_prep": (10, 20),
 }
 _BREAKS = ((10 * 60 + 30, "coffee break", 15), (12 * 60 + 30, "lunch", 60), (15 * 60 + 15, "break", 15))
 

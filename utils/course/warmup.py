@@ -128,7 +128,7 @@ STEPS: dict[str, tuple[str, Callable[[], str]]] = {
     "onnx": ("lesson 04: exported ONNX models", _hook("utils.conversion.onnx_tools", "04")),
     "triton-repo": ("lesson 05: the Triton model repository", _hook("utils.serving.repository", "05")),
     "tritonserver": ("start the bundled tritonserver once", _tritonserver),
-    "llm": ("lesson 08: train and cache the TinyGPT weights", _hook("utils.llm", "08")),
+    "llm": ("lesson 07: train and cache the TinyGPT weights", _hook("utils.llm", "07")),
 }
 
 

@@ -1,4 +1,4 @@
-"""The interview question bank and its quiz (lesson 07).
+"""The interview question bank and its quiz (lesson 08).
 
 The bank is one data file, ``utils/interview/bank.yaml``: a list of entries ::
 

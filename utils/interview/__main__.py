@@ -1,4 +1,4 @@
-"""python -m utils.interview validate | list | quiz [--n 5 --seed 0] | prove [ID ...] (lesson 07)."""
+"""python -m utils.interview validate | list | quiz [--n 5 --seed 0] | prove [ID ...] (lesson 08)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from utils.interview.quiz import _wrap, quiz
 def main(argv=None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m utils.interview", description="The lesson 07 question bank.")
+    parser = argparse.ArgumentParser(prog="python -m utils.interview", description="The lesson 08 question bank.")
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("validate", help="check the bank file")
     sub.add_parser("list", help="list the questions by lesson")

@@ -1,4 +1,4 @@
-"""The interview bank: one YAML file beside this module, read and validated into Question objects (lesson 07).
+"""The interview bank: one YAML file beside this module, read and validated into Question objects (lesson 08).
 
 Each entry names its lesson, its origin (a question of the source material, or the course's own), the question, an
 answer strategy and a proof (runnable code and/or the metrics the lesson records). Validation errors name the entry
@@ -23,8 +23,8 @@ LESSON_TITLES = {
     "04_onnx_tensorrt": "ONNX and TensorRT",
     "05_triton_ensemble": "A Triton ensemble",
     "06_fused_softmax": "A fused softmax kernel",
-    "07_interview_prep": "Interview prep",
-    "08_llm_inference": "Inside LLM inference",
+    "07_llm_inference": "Inside LLM inference",
+    "08_interview_prep": "Interview prep",
 }
 
 _ID_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
@@ -33,12 +33,12 @@ _ORIGINS = ("source", "course")
 
 
 class BankError(ValueError):
-    """The question bank file is malformed; the message names the entry and the field (lesson 07)."""
+    """The question bank file is malformed; the message names the entry and the field (lesson 08)."""
 
 
 @dataclass(frozen=True)
 class Question:
-    """One entry of the interview bank (lesson 07)."""
+    """One entry of the interview bank (lesson 08)."""
 
     id: str
     lesson: str
@@ -126,7 +126,7 @@ def validate(raw_entries) -> list[Question]:
 
 
 def load_bank(path: str | Path | None = None) -> list[Question]:
-    """Read and validate the bank (default: utils/interview/bank.yaml). Lesson 07."""
+    """Read and validate the bank (default: utils/interview/bank.yaml). Lesson 08."""
     import yaml
 
     path = Path(path) if path is not None else BANK_PATH
@@ -140,7 +140,7 @@ def load_bank(path: str | Path | None = None) -> list[Question]:
 
 
 def get(qid: str, bank: list[Question] | None = None) -> Question:
-    """The question with this id (lesson 07); KeyError listing close ids otherwise."""
+    """The question with this id (lesson 08); KeyError listing close ids otherwise."""
     bank = bank if bank is not None else load_bank()
     for q in bank:
         if q.id == qid:
@@ -150,7 +150,7 @@ def get(qid: str, bank: list[Question] | None = None) -> Question:
 
 
 def by_lesson(bank: list[Question] | None = None) -> dict[str, list[Question]]:
-    """Questions grouped by lesson, in lesson order (lesson 07)."""
+    """Questions grouped by lesson, in lesson order (lesson 08)."""
     bank = bank if bank is not None else load_bank()
     out: dict[str, list[Question]] = {stem: [] for stem in LESSON_TITLES}
     for q in bank:

@@ -1,4 +1,4 @@
-"""Running the bank's code proofs, and pointing at the lesson metrics that prove the rest (lesson 07)."""
+"""Running the bank's code proofs, and pointing at the lesson metrics that prove the rest (lesson 08)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ __all__ = ["ProofResult", "session_results", "run_proof", "recorded", "locate", 
 
 @dataclass
 class ProofResult:
-    """What running a code proof gave: ok, seconds, the printed output and the error text if it failed (lesson 07)."""
+    """What running a code proof gave: ok, seconds, the printed output and the error text if it failed (lesson 08)."""
 
     id: str
     ok: bool
@@ -51,7 +51,7 @@ def import_order_guard(needs) -> None:
 
 
 def run_proof(q: Question | str, *, smoke: bool = True, capture: bool = True, echo: bool = False) -> ProofResult:
-    """Execute a question's code proof in a fresh namespace and report what happened (lesson 07).
+    """Execute a question's code proof in a fresh namespace and report what happened (lesson 08).
 
     The namespace holds ``tmpdir`` (a Path removed afterwards) and ``SMOKE``. Warnings are silenced so the output
     shows what the proof prints. With ``capture`` the output is collected (and printed too when ``echo``).
@@ -87,7 +87,7 @@ def run_proof(q: Question | str, *, smoke: bool = True, capture: bool = True, ec
 
 
 def recorded(q: Question, results_dir: Path | None = None) -> dict[str, object]:
-    """The values the lesson recorded for this question's metrics (build/results; missing: 'not run yet'). Lesson 07."""
+    """The values the lesson recorded for this question's metrics (build/results; missing: 'not run yet'). Lesson 08."""
     data = report.load_all(results_dir).get(q.lesson, {})
     metrics, units = data.get("metrics", {}), data.get("units", {})
     out: dict[str, object] = {}
@@ -103,7 +103,7 @@ def recorded(q: Question, results_dir: Path | None = None) -> dict[str, object]:
 
 
 def locate(q: Question, root: Path | None = None) -> str:
-    """Where in the lesson notebook the question's metrics are recorded: the nearest heading above (lesson 07)."""
+    """Where in the lesson notebook the question's metrics are recorded: the nearest heading above (lesson 08)."""
     root = root or env.repo_root()
     path = root / q.notebook
     if not q.metrics or not path.is_file():

@@ -1,6 +1,6 @@
 """Showing the bank: a question card that runs its proof, and a seeded quiz (widgets, HTML <details>, plain text).
 
-Lesson 07.
+Lesson 08.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def _pointer_text(q: Question) -> str:
 
 
 def card(qid: str, *, run: bool = True, smoke: bool = True, show_code: bool = True) -> None:
-    """Show one question: the question, the answer strategy, the proof code, then run it (lesson 07).
+    """Show one question: the question, the answer strategy, the proof code, then run it (lesson 08).
 
     The ProofResult goes to ``session_results[qid]``. A failing proof prints its error and raises, so a notebook run
     stops at a claim that no longer holds.
@@ -80,7 +80,7 @@ def _wrap(text: str, width: int = 110) -> list[str]:
 
 @dataclass
 class Quiz:
-    """A seeded random subset of the bank (lesson 07). ``reveal(k)`` prints question k's answer strategy."""
+    """A seeded random subset of the bank (lesson 08). ``reveal(k)`` prints question k's answer strategy."""
 
     questions: list[Question]
     seed: int
@@ -168,7 +168,7 @@ class Quiz:
 
 
 def quiz(n: int = 5, seed: int = 0, lessons=None, *, show: bool = True, mode: str = "auto", bank=None) -> Quiz:
-    """A seeded random subset of `n` questions, optionally from some lessons only (lesson 07).
+    """A seeded random subset of `n` questions, optionally from some lessons only (lesson 08).
 
     The same seed gives the same questions in the same order, so a class can share a quiz by its seed.
     """

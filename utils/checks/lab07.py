@@ -1,4 +1,4 @@
-"""Checks for labs/08_llm_inference_lab.ipynb (lesson 08: a KV cache and a continuous-batching scheduler).
+"""Checks for labs/07_llm_inference_lab.ipynb (lesson 07: a KV cache and a continuous-batching scheduler).
 
 The learner writes two things: generate_with_cache(model, prompt, n_new), the reference greedy loop with a KV cache,
 and schedule_continuous(engine, trace), the iteration-level scheduler loop over the provided llm.Engine. The checks
@@ -17,7 +17,7 @@ MIN_BATCHING_GAIN = 1.2  # continuous over static throughput; the lesson measure
 
 
 def lab_model(smoke: bool):
-    """(model, tokenizer): the lesson's TinyGPT (its cached weights when lesson 08 ran in the same mode)."""
+    """(model, tokenizer): the lesson's TinyGPT (its cached weights when lesson 07 ran in the same mode)."""
     return llm.tiny_gpt(10 if smoke else 300)
 
 
