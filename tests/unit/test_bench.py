@@ -31,7 +31,7 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="positive"):
         bench.geomean([1.0, 0.0])
     with pytest.raises(ValueError, match="at least one"):
-        bench.copy_bandwidth_gbps(1)
+        bench.copy_into_gbps(1)
 
 
 def test_geomean():
@@ -39,5 +39,41 @@ def test_geomean():
 
 
 def test_probes_return_plausible_magnitudes():
-    assert 0.01 < bench.copy_bandwidth_gbps(1 << 20, min_run_time=0.05) < 10_000
+    assert 0.01 < bench.copy_into_gbps(1 << 20, min_run_time=0.05) < 10_000
     assert 0.001 < bench.matmul_gflops(64, min_run_time=0.05) < 1_000_000
+
+
+def test_ratio_from_rounds_has_median_and_min_max():
+    r = bench.Ratio.from_times([10.0, 12.0, 11.0], [5.0, 5.0, 10.0])
+    assert (r.value, r.low, r.high, r.rounds) == (pytest.approx(2.0), pytest.approx(1.1), pytest.approx(2.4), 3)
+    inv = r.inverse()
+    assert inv.low == pytest.approx(1 / 2.4) and inv.high == pytest.approx(1 / 1.1)
+    assert str(r) == "2.00x [1.10-2.40, 3 rounds]"
+    assert f"{r:.1f}" == "2.0"
+    with pytest.raises(ValueError, match="paired rounds"):
+        bench.Ratio.from_times([1.0], [1.0, 2.0])
+    with pytest.raises(ValueError, match="low <= value <= high"):
+        bench.Ratio(1.0, 1.5, 2.0)
+    with pytest.raises(ValueError, match="positive finite"):
+        bench.Ratio(float("nan"), 1.0, 1.0)
+
+
+def test_compare_interleaves_rounds_and_gives_ratios_with_intervals():
+    order = []
+    fns = {"a": lambda: order.append("a"), "b": lambda: order.append("b")}
+    out = bench.compare(fns, rounds=3, min_run_time=0.01, warmup=0, quiet=True)
+    assert len(out.round_ms["a"]) == len(out.round_ms["b"]) == 3
+    # interleaved: the calls alternate in blocks, a's first round before b's first round before a's second
+    firsts = [i for i in range(1, len(order)) if order[i] != order[i - 1]]
+    assert len(firsts) >= 5
+    r = out.ratio("b")
+    assert r.rounds == 3 and r.low <= r.value <= r.high
+    assert out.ratio("a").value == pytest.approx(1.0)
+    with pytest.raises(KeyError, match="'z' was not compared"):
+        out.ratio("z")
+
+
+def test_copy_into_is_the_roof_and_clone_pays_allocation():
+    # correctness of the probes' arithmetic only: both return a positive bandwidth for the bytes moved
+    assert bench.copy_into_gbps(1 << 16, min_run_time=0.02) > 0
+    assert bench.clone_gbps(1 << 16, min_run_time=0.02) > 0

@@ -78,6 +78,17 @@ def test_verdicts_follow_the_claimed_ranges():
         assert "no CUDA GPU" in rows[gpu_claim].reason or "needs cuda" in rows[gpu_claim].reason
 
 
+def test_an_interval_across_the_claimed_edge_is_undecided():
+    base = {"02_graphs": {"metrics": {"freeze_speedup_resnet50": 1.12}, "intervals": {"freeze_speedup_resnet50": [1.04, 1.2]}}}
+    row = _by_id(claims.evaluate(_results(**base)))["torchscript-speedup"]
+    assert row.verdict == "undecided" and "crosses" in row.reason and "[1.04-1.2]" in row.measured
+    base["02_graphs"]["intervals"]["freeze_speedup_resnet50"] = [1.11, 1.2]
+    assert _by_id(claims.evaluate(_results(**base)))["torchscript-speedup"].verdict == "holds"
+    base["02_graphs"]["intervals"]["freeze_speedup_resnet50"] = [0.9, 1.12]
+    base["02_graphs"]["metrics"]["freeze_speedup_resnet50"] = 1.0
+    assert _by_id(claims.evaluate(_results(**base)))["torchscript-speedup"].verdict == "undecided"
+
+
 def test_a_plain_torchscript_speedup_is_preferred_and_smoke_runs_say_so():
     results = _results(**{"02_graphs": {"mode": "smoke", "metrics": {"script_speedup_resnet50": 1.15,
                                                                       "freeze_speedup_resnet50": 1.9}}})

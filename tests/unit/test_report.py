@@ -31,6 +31,23 @@ def test_record_writes_the_contract(build):
     assert {"cpu", "torch"} <= set(data["env"])
 
 
+def test_a_ratio_is_recorded_with_its_interval(build, capsys):
+    from utils.core.bench import Ratio
+
+    path = report.init("98_interval")
+    got = report.record("fast_speedup", Ratio(1.4, 1.3, 1.5, rounds=5), note="interleaved")
+    report.record("rate", 3.0, unit="GB/s", interval=(2.5, 3.5))
+    assert isinstance(got, Ratio) and "[1.3, 1.5]" in capsys.readouterr().out
+    data = json.loads(path.read_text())
+    assert data["metrics"]["fast_speedup"] == 1.4 and data["units"]["fast_speedup"] == "x"
+    assert data["intervals"] == {"fast_speedup": [1.3, 1.5], "rate": [2.5, 3.5]}
+    report.record("rate", 3.0, unit="GB/s")  # re-recorded without one: the old interval goes
+    assert "rate" not in json.loads(path.read_text())["intervals"]
+    assert "1.4 [1.3, 1.5]" in report.lesson_markdown(report.current())
+    with pytest.raises(ValueError, match="around the value"):
+        report.record("rate", 3.0, interval=(3.5, 4.0))
+
+
 def test_record_rejects_bad_values(build):
     report.init("98_bad")
     with pytest.raises(TypeError, match="expected a number, boolean or string"):

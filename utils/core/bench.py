@@ -2,18 +2,32 @@
 
 ``measure(fn)`` warms up, then lets ``Timer.blocked_autorange`` pick the number of calls per block and returns a
 ``BenchResult`` with the median and the interquartile range in milliseconds. torch.utils.benchmark synchronises CUDA
-around each block when a GPU is present, so GPU timings are honest without extra code. Compare configurations
-*side by side in one run* (``compare``): the machines are shared and noisy, ratios measured together are what count.
+around each block when a GPU is present, so GPU timings are honest without extra code.
+
+Comparisons run *interleaved rounds* (``compare``): every round times each callable once, in turn, so slow drift of a
+shared machine hits every side alike. A speedup is a ``Ratio``: the median of the per-round ratios, with the lowest
+and highest per-round ratio as its interval (the course's one interval, stated in lesson 00). utils.core.verdict turns
+a Ratio and a threshold into "faster / slower / within noise".
+
+The course's one memory roof is ``copy_into_gbps``: a copy into a buffer that already exists (STREAM-style).
+``clone_gbps`` (allocate + copy) is kept beside it to teach the gap: above glibc's mmap threshold every clone() maps
+fresh pages and pays a first-touch fault per 4 KiB page.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["BenchResult", "measure", "compare", "first_call_ms", "geomean", "copy_bandwidth_gbps", "matmul_gflops"]
+__all__ = ["BenchResult", "Ratio", "Comparison", "measure", "compare", "first_call_ms", "geomean", "copy_into_gbps",
+           "clone_gbps", "matmul_gflops", "MAX_IQR_FRACTION"]
+
+# A timing whose interquartile range exceeds this fraction of its median is too noisy to judge (verdicts say so).
+MAX_IQR_FRACTION = 0.25
 
 
 @dataclass(frozen=True)
@@ -25,6 +39,12 @@ class BenchResult:
     iqr_ms: float
     runs: int
     items: int = 1  # work items per call (e.g. the batch size), for throughput
+    times_ms: tuple[float, ...] = ()  # the per-call time of every measured block
+
+    @property
+    def iqr_fraction(self) -> float:
+        """IQR / median: above MAX_IQR_FRACTION the timing is too noisy to judge."""
+        return self.iqr_ms / self.median_ms if self.median_ms > 0 else math.inf
 
     @property
     def throughput(self) -> float:
@@ -71,31 +91,136 @@ def measure(
         iqr_ms=m.iqr * 1e3,
         runs=len(m.times) * m.number_per_run,
         items=items,
+        times_ms=tuple(t * 1e3 for t in m.times),
     )
 
 
-def compare(fns: dict[str, Callable[[], object]], baseline: str | None = None, **kwargs) -> dict[str, BenchResult]:
-    """Measure several callables in one run, interleaved round-robin twice to spread machine noise.
+@dataclass(frozen=True)
+class Ratio:
+    """A ratio measured in rounds (a speedup: baseline time / this time): ``value`` is the median of the per-round
+    ratios, ``low``/``high`` the lowest and highest of them. ``noisy`` names a timing too noisy to judge (its IQR above
+    MAX_IQR_FRACTION of its median); ``caveat`` says what differs when the two sides are not like for like.
+    Lesson 00 introduces it; utils.core.verdict judges it; report.record stores its interval.
+    """
 
-    Prints each result and its speedup over `baseline` (default: the first entry). Returns {name: BenchResult}
-    keeping the faster of the two rounds for each.
+    value: float
+    low: float
+    high: float
+    rounds: int = 1
+    noisy: str = ""
+    caveat: str = ""
+
+    def __post_init__(self):
+        for name in ("value", "low", "high"):
+            v = getattr(self, name)
+            if not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
+                raise ValueError(f"Ratio.{name} must be a positive finite number, got {v!r}")
+        if not self.low <= self.value <= self.high:
+            raise ValueError(f"Ratio needs low <= value <= high, got {self.low} <= {self.value} <= {self.high}")
+
+    @classmethod
+    def from_samples(cls, ratios: Sequence[float], *, noisy: str = "", caveat: str = "") -> Ratio:
+        """A Ratio from per-round ratios (median; min and max)."""
+        ratios = [float(r) for r in ratios]
+        if not ratios:
+            raise ValueError("Ratio.from_samples needs at least one per-round ratio")
+        return cls(statistics.median(ratios), min(ratios), max(ratios), len(ratios), noisy, caveat)
+
+    @classmethod
+    def from_times(cls, baseline_ms: Sequence[float], new_ms: Sequence[float], **kw) -> Ratio:
+        """Speedup of `new` over `baseline` from paired per-round times (round i of each was measured together)."""
+        if len(baseline_ms) != len(new_ms) or not baseline_ms:
+            raise ValueError(f"from_times needs the same number (>= 1) of paired rounds, got {len(baseline_ms)} and "
+                             f"{len(new_ms)}")
+        return cls.from_samples([b / n for b, n in zip(baseline_ms, new_ms, strict=True)], **kw)
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return (self.low, self.high)
+
+    def inverse(self) -> Ratio:
+        """The same measurement read the other way round (a slowdown as a speedup)."""
+        return dataclasses.replace(self, value=1 / self.value, low=1 / self.high, high=1 / self.low)
+
+    def like_for_like(self, caveat: str) -> Ratio:
+        """This ratio with a note of what differs between the two sides (printed with every verdict on it)."""
+        return dataclasses.replace(self, caveat=caveat)
+
+    def __float__(self) -> float:
+        return float(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec) if spec else str(self)
+
+    def __str__(self) -> str:
+        return f"{self.value:.2f}x [{self.low:.2f}-{self.high:.2f}, {self.rounds} rounds]"
+
+
+class Comparison(dict):
+    """{name: BenchResult} of an interleaved comparison (``compare``), plus the per-round medians behind every
+    ``ratio``. Each BenchResult pools the blocks of all rounds."""
+
+    def __init__(self, results: dict[str, BenchResult], round_ms: dict[str, list[float]], baseline: str):
+        super().__init__(results)
+        self.round_ms = round_ms
+        self.baseline = baseline
+
+    def ratio(self, name: str, over: str | None = None, *, caveat: str = "") -> Ratio:
+        """Speedup of `name` over `over` (default: the baseline): per-round time of `over` / time of `name`."""
+        over = over or self.baseline
+        for key in (name, over):
+            if key not in self:
+                raise KeyError(f"{key!r} was not compared; the comparison has {list(self)}")
+        noisy = "; ".join(f"{k}: IQR {self[k].iqr_fraction:.0%} of the median" for k in dict.fromkeys((over, name))
+                          if self[k].iqr_fraction > MAX_IQR_FRACTION)
+        return Ratio.from_times(self.round_ms[over], self.round_ms[name], noisy=noisy, caveat=caveat)
+
+
+def compare(
+    fns: dict[str, Callable[[], object]],
+    baseline: str | None = None,
+    *,
+    rounds: int = 5,
+    min_run_time: float = 0.12,
+    warmup: int = 3,
+    quiet: bool = False,
+    **kwargs,
+) -> Comparison:
+    """Measure several callables in interleaved rounds: each round times every callable once, in turn.
+
+    Returns a Comparison {name: BenchResult} whose ``ratio(name)`` is the speedup over `baseline` (default: the first
+    entry) with its interval from the rounds. Prints each result and its ratio unless `quiet`. Warm-up calls run in
+    the first round only. `min_run_time` is per round.
     """
     if not fns:
         raise ValueError("compare() needs at least one callable")
+    if rounds < 1:
+        raise ValueError(f"compare() needs rounds >= 1, got {rounds}")
     baseline = baseline or next(iter(fns))
     if baseline not in fns:
         raise KeyError(f"baseline {baseline!r} is not among {list(fns)}")
-    kwargs.setdefault("min_run_time", 0.3)
-    best: dict[str, BenchResult] = {}
-    for _ in range(2):
+    round_ms: dict[str, list[float]] = {name: [] for name in fns}
+    blocks: dict[str, list[float]] = {name: [] for name in fns}
+    runs: dict[str, int] = dict.fromkeys(fns, 0)
+    items: dict[str, int] = {}
+    for r in range(rounds):
         for name, fn in fns.items():
-            res = measure(fn, label=name, **kwargs)
-            if name not in best or res.median_ms < best[name].median_ms:
-                best[name] = res
-    base = best[baseline].median_ms
-    for res in best.values():
-        print(f"{res}  -> {base / res.median_ms:.2f}x vs {baseline}")
-    return best
+            res = measure(fn, label=name, warmup=warmup if r == 0 else 0, min_run_time=min_run_time, **kwargs)
+            round_ms[name].append(res.median_ms)
+            blocks[name].extend(res.times_ms or (res.median_ms,))
+            runs[name] += res.runs
+            items[name] = res.items
+    results = {}
+    for name, times in blocks.items():
+        q = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
+        results[name] = BenchResult(label=name, median_ms=statistics.median(times), iqr_ms=q[2] - q[0],
+                                    runs=runs[name], items=items[name], times_ms=tuple(times))
+    out = Comparison(results, round_ms, baseline)
+    if not quiet:
+        for name, res in out.items():
+            tail = "baseline" if name == baseline else f"{out.ratio(name)} vs {baseline}"
+            print(f"{res}  -> {tail}")
+    return out
 
 
 def first_call_ms(fn: Callable[[], object]) -> float:
@@ -123,17 +248,40 @@ def geomean(values) -> float:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def copy_bandwidth_gbps(nbytes: int, *, dtype=None, device="cpu", min_run_time: float = 0.5) -> float:
-    """Memory bandwidth of x.clone() on a tensor of `nbytes` bytes: (read + write) bytes / median time, in GB/s."""
+def _elements(nbytes: int, dtype) -> tuple[int, int]:
     import torch
 
-    dtype = dtype or torch.float32
     itemsize = torch.empty((), dtype=dtype).element_size()
     if nbytes < itemsize:
         raise ValueError(f"nbytes must hold at least one {dtype} element ({itemsize} bytes), got {nbytes}")
-    x = torch.ones(nbytes // itemsize, dtype=dtype, device=device)
+    return nbytes // itemsize, itemsize
+
+
+def copy_into_gbps(nbytes: int, *, dtype=None, device="cpu", min_run_time: float = 0.5) -> float:
+    """The course's memory roof: dst.copy_(src) into a buffer that already exists (STREAM's copy), in GB/s counting
+    the bytes read and the bytes written. No allocation, no first-touch page faults: only the memory system.
+    Lesson 00 measures it in cache and out of cache; 06 and 07 judge their kernels against it."""
+    import torch
+
+    dtype = dtype or torch.float32
+    n, itemsize = _elements(nbytes, dtype)
+    src = torch.ones(n, dtype=dtype, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # touch every page of dst once, before timing
+    res = measure(lambda: dst.copy_(src), label=f"copy into {nbytes / 1e6:.0f} MB", min_run_time=min_run_time)
+    return 2 * n * itemsize / (res.median_ms / 1e3) / 1e9
+
+
+def clone_gbps(nbytes: int, *, dtype=None, device="cpu", min_run_time: float = 0.5) -> float:
+    """x.clone() in GB/s (read + write bytes): allocate + copy. NOT the memory roof: above glibc's mmap threshold each
+    call maps fresh pages and takes a first-touch page fault per 4 KiB page (lesson 00 shows the gap)."""
+    import torch
+
+    dtype = dtype or torch.float32
+    n, itemsize = _elements(nbytes, dtype)
+    x = torch.ones(n, dtype=dtype, device=device)
     res = measure(x.clone, label=f"clone {nbytes / 1e6:.0f} MB", min_run_time=min_run_time)
-    return 2 * x.numel() * itemsize / (res.median_ms / 1e3) / 1e9
+    return 2 * n * itemsize / (res.median_ms / 1e3) / 1e9
 
 
 def matmul_gflops(n: int, *, dtype=None, device="cpu", min_run_time: float = 0.5) -> float:

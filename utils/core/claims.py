@@ -7,6 +7,7 @@ the range it states. ``evaluate()`` returns one ``ClaimResult`` per claim with t
 - ``holds``: the measurement falls inside the claimed range;
 - ``holds (beyond the claimed range)``: better than claimed (e.g. a 1.9x speedup against "10-30% faster");
 - ``does not hold``: below the range;
+- ``undecided``: the measurement's interval (from its interleaved rounds) straddles the low edge of the range;
 - ``not measurable here``: the lesson ran but skipped the section that measures it (the reason is given);
 - ``not run``: the lesson that measures it has no results yet.
 
@@ -20,10 +21,10 @@ from dataclasses import dataclass, field
 
 __all__ = ["VERDICTS", "Claim", "ClaimResult", "CLAIMS", "evaluate", "markdown", "for_lesson", "format_value", "cell"]
 
-HOLDS, BEYOND, FAILS, NOT_HERE, NOT_RUN = (
-    "holds", "holds (beyond the claimed range)", "does not hold", "not measurable here", "not run",
+HOLDS, BEYOND, FAILS, UNDECIDED, NOT_HERE, NOT_RUN = (
+    "holds", "holds (beyond the claimed range)", "does not hold", "undecided", "not measurable here", "not run",
 )
-VERDICTS = (HOLDS, BEYOND, FAILS, NOT_HERE, NOT_RUN)
+VERDICTS = (HOLDS, BEYOND, FAILS, UNDECIDED, NOT_HERE, NOT_RUN)
 
 
 @dataclass(frozen=True)
@@ -221,22 +222,29 @@ def _evaluate_one(c: Claim, results: dict[str, dict]) -> ClaimResult:
         return ClaimResult(**base, measured=str(raw), verdict=NOT_HERE, lesson=lesson, metric=metric, mode=mode,
                            reason=f"{metric} is not a number ({raw!r})", anchor=anchor, context=context)
     value = float(raw)
+    lo, hi = data.get("intervals", {}).get(metric) or (value, value)
     note = ""
     if c.kind == "ratio" and 0 < value < 1:
-        value, note = 1 / value, f" (recorded as {raw:.3g}, read as its inverse)"
-    if value < c.low:
+        value, lo, hi, note = 1 / value, 1 / hi, 1 / lo, f" (recorded as {raw:.3g}, read as its inverse)"
+    if hi < c.low:
         verdict = FAILS
+    elif lo < c.low:
+        verdict = UNDECIDED
     elif c.high is not None and value > c.high:
         verdict = BEYOND
     else:
         verdict = HOLDS
     unit = data.get("units", {}).get(metric, "") or c.unit
-    reason = f"measured {value:.3g} {c.unit} against the claimed {_range(c)}{note}"
+    shown = f"{value:.3g} {c.unit}" + (f" [{lo:.3g}-{hi:.3g}]" if (lo, hi) != (value, value) else "")
+    reason = f"measured {shown} against the claimed {_range(c)}{note}"
+    if verdict == UNDECIDED:
+        reason += f": the interval crosses the claimed {c.low:.3g}{c.unit}"
     if c.prediction:
         reason += _prediction_note(c, results)
     if mode == "smoke":
         reason += "; smoke run (small sizes): rerun with `make course` for the real number"
-    return ClaimResult(**base, measured=f"{value:.3g} {unit}".strip(), verdict=verdict, reason=reason, value=value,
+    measured = f"{value:.3g} {unit}".strip() + (f" [{lo:.3g}-{hi:.3g}]" if (lo, hi) != (value, value) else "")
+    return ClaimResult(**base, measured=measured, verdict=verdict, reason=reason, value=value,
                        metric=metric, lesson=lesson, mode=mode, anchor=anchor, context=context)
 
 

@@ -5,7 +5,11 @@ A lesson's setup cell calls ``report.init("01_inference_modes")``; later cells c
 build/results/<notebook stem>.json atomically::
 
     {"notebook": stem, "metrics": {name: value}, "units": {name: unit}, "notes": {...}, "anchors": {...},
-     "skipped": {section: reason}, "figures": [...], "env": {...}, "mode": "smoke" | "full", "runtime_s": ...}
+     "intervals": {name: [low, high]}, "skipped": {section: reason}, "figures": [...], "env": {...},
+     "mode": "smoke" | "full", "runtime_s": ...}
+
+A ratio measured in rounds (a utils.core.bench.Ratio) is recorded with its interval: ``record(name, ratio)`` stores
+the median in "metrics" and [low, high] in "intervals", and every view prints both.
 
 Values are numbers, booleans or strings (numpy and 0-d torch scalars are converted). ``report.show()`` ends every
 lesson: its metrics with units, notes and published anchors, the source claims they test (utils.core.claims) with a
@@ -25,9 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from utils.core import claims, env
+from utils.core.bench import Ratio
 
 __all__ = [
-    "init", "record", "record_skip", "record_ran", "save_figure", "set_mode", "set_runtime", "results_dir", "current",
+    "init", "record", "value_with_interval", "record_skip", "record_ran", "save_figure", "set_mode", "set_runtime", "results_dir", "current",
     "load_all", "lesson_markdown", "show",
 ]
 
@@ -84,6 +89,7 @@ def init(notebook: str) -> Path:
         "units": {},
         "notes": {},
         "anchors": {},
+        "intervals": {},
         "skipped": {},
         "ran": [],
         "figures": [],
@@ -124,15 +130,31 @@ def _clean_value(name: str, value: Any) -> bool | int | float | str:
     raise TypeError(f"metric {name!r}: expected a number, boolean or string, got {type(value).__name__} ({value!r:.80})")
 
 
-def record(name: str, value: Any, unit: str = "", note: str = "", anchor: str = ""):
-    """Record one metric for the course report and print it. Returns the (cleaned) value.
+def record(name: str, value: Any, unit: str = "", note: str = "", anchor: str = "",
+           interval: tuple[float, float] | None = None):
+    """Record one metric for the course report and print it. Returns what it was given (a Ratio stays a Ratio).
 
-    `anchor` is the published figure the metric compares to, e.g. "1.8x BERT-base CPU (onnxruntime notebook)".
+    `value` may be a bench.Ratio: its median is the value, its interval is stored, and the unit defaults to "x".
+    `interval` gives [low, high] for any other number. `anchor` is the published figure the metric compares to,
+    with its setup, e.g. "1.8x BERT-base CPU batch 1 seq 128 (onnxruntime transformers notebook)".
     """
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"metric names are identifiers like 'cpu_copy_gbps', got {name!r}")
     cur = current()
+    given = value
+    if isinstance(value, Ratio):
+        if interval is not None:
+            raise ValueError(f"metric {name!r}: a Ratio carries its own interval; pass interval= only with a number")
+        value, interval, unit = value.value, value.interval, unit or "x"
     clean = _clean_value(name, value)
+    intervals = cur.setdefault("intervals", {})
+    if interval is not None:
+        lo, hi = (float(v) for v in interval)
+        if not (isinstance(clean, int | float) and not isinstance(clean, bool)) or not lo <= clean <= hi:
+            raise ValueError(f"metric {name!r}: interval [{lo}, {hi}] must be numbers around the value {clean!r}")
+        intervals[name] = [lo, hi]
+    else:
+        intervals.pop(name, None)
     cur["metrics"][name] = clean
     for key, text in (("units", unit), ("notes", note), ("anchors", anchor)):
         if text:
@@ -141,8 +163,20 @@ def record(name: str, value: Any, unit: str = "", note: str = "", anchor: str = 
             cur[key].pop(name, None)
     _flush()
     shown = f"{clean:.4g}" if isinstance(clean, float) else str(clean)
+    if name in intervals:
+        shown += f" [{intervals[name][0]:.4g}, {intervals[name][1]:.4g}]"
     print(f"recorded {name} = {shown}{(' ' + unit) if unit else ''}")
-    return clean
+    return given if isinstance(given, Ratio) else clean
+
+
+def value_with_interval(data: dict, name: str) -> str:
+    """A recorded metric as text with its interval when it has one: '1.34 [1.28, 1.41]' (views of the results)."""
+    value = data.get("metrics", {}).get(name)
+    text = claims.format_value(value)
+    interval = data.get("intervals", {}).get(name)
+    if interval:
+        text += f" [{interval[0]:.3g}, {interval[1]:.3g}]"
+    return text
 
 
 def record_skip(section: str, reason: str) -> None:
@@ -225,10 +259,10 @@ def lesson_markdown(data: dict, results: dict[str, dict] | None = None) -> str:
                                                  if data.get("mode") == "smoke" else "")]
     metrics = data.get("metrics", {})
     if metrics:
-        lines += ["", "| metric | value | unit | published anchor | note |", "|---|---|---|---|---|"]
-        for name, value in metrics.items():
+        lines += ["", "| metric | value [interval] | unit | published anchor | note |", "|---|---|---|---|---|"]
+        for name in metrics:
             lines.append(
-                f"| `{name}` | {_fmt(value)} | {data.get('units', {}).get(name, '')} | "
+                f"| `{name}` | {claims.cell(value_with_interval(data, name))} | {data.get('units', {}).get(name, '')} | "
                 f"{_fmt(data.get('anchors', {}).get(name, ''))} | {_fmt(data.get('notes', {}).get(name, ''))} |"
             )
     else:

@@ -1,0 +1,91 @@
+"""Verdicts, computed from numbers (lesson 00 states the rules; every lesson prints its verdicts through here).
+
+Two questions, each with three answers, and no verdict is ever written by hand:
+
+- ``speed(ratio, threshold)``: is one side faster? "faster" when the whole interval of the speedup lies above the
+  threshold, "slower" when it lies below 1/threshold, "within noise" otherwise (and whenever a timing is too noisy
+  to judge: IQR above bench.MAX_IQR_FRACTION of its median).
+- ``prediction(measured, low, high)``: did a prediction stated before the measurement hold? "held" when the whole
+  measured interval lies inside the predicted range, "did not hold" when it lies wholly outside, "undecided" when it
+  straddles an edge (or the timing is too noisy).
+
+``speed_line`` / ``prediction_line`` return the one line a lesson prints: the number, its interval, the line it was
+judged against, the verdict, and the caveat of a comparison that is not like for like.
+"""
+
+from __future__ import annotations
+
+from utils.core.bench import Ratio
+
+__all__ = ["FASTER", "SLOWER", "NOISE", "HELD", "NOT_HELD", "UNDECIDED", "DEFAULT_THRESHOLD", "speed", "speed_line",
+           "prediction", "prediction_line"]
+
+FASTER, SLOWER, NOISE = "faster", "slower", "within noise"
+HELD, NOT_HELD, UNDECIDED = "held", "did not hold", "undecided"
+# A speedup must clear 5% with its whole interval to count as faster (lesson 00 shows the round-to-round spread).
+DEFAULT_THRESHOLD = 1.05
+
+
+def _interval(measured) -> tuple[float, float, float, str]:
+    if isinstance(measured, Ratio):
+        return measured.value, measured.low, measured.high, measured.noisy
+    if isinstance(measured, bool) or not isinstance(measured, int | float):
+        raise TypeError(f"expected a bench.Ratio or a number, got {type(measured).__name__} ({measured!r:.60})")
+    v = float(measured)
+    return v, v, v, ""
+
+
+def speed(ratio: Ratio, threshold: float = DEFAULT_THRESHOLD) -> str:
+    """"faster", "slower" or "within noise" for a speedup measured in rounds (a bench.Ratio)."""
+    if not isinstance(ratio, Ratio):
+        raise TypeError(f"speed() judges a bench.Ratio (a speedup with its interval), got {type(ratio).__name__}: "
+                        "measure both sides with bench.compare(...) and pass .ratio(name)")
+    if threshold < 1:
+        raise ValueError(f"threshold is a speedup line >= 1 (e.g. 1.05), got {threshold}")
+    if ratio.noisy:
+        return NOISE
+    if ratio.low > threshold:
+        return FASTER
+    if ratio.high < 1 / threshold:
+        return SLOWER
+    return NOISE
+
+
+def speed_line(name: str, ratio: Ratio, baseline: str, threshold: float = DEFAULT_THRESHOLD) -> str:
+    """One printed line: '<name> vs <baseline>: 1.34x [1.28-1.41, 5 rounds] -> faster (line 1.05x)'."""
+    word = speed(ratio, threshold)
+    line = f"{name} vs {baseline}: {ratio} -> {word} (line {threshold:.2f}x either way)"
+    if ratio.noisy:
+        line += f"; too noisy to judge ({ratio.noisy})"
+    if ratio.caveat:
+        line += f"; not like for like: {ratio.caveat}"
+    return line
+
+
+def prediction(measured, low: float, high: float | None = None) -> str:
+    """"held", "did not hold" or "undecided": the measured value (a number or a bench.Ratio with its interval)
+    against the range [low, high] predicted before measuring (`high` None: at least `low`)."""
+    if high is not None and high < low:
+        raise ValueError(f"the predicted range needs low <= high, got [{low}, {high}]")
+    _, lo, hi, noisy = _interval(measured)
+    top = float("inf") if high is None else high
+    if noisy:
+        return UNDECIDED
+    if low <= lo and hi <= top:
+        return HELD
+    if hi < low or lo > top:
+        return NOT_HELD
+    return UNDECIDED
+
+
+def prediction_line(what: str, measured, low: float, high: float | None = None, unit: str = "x") -> str:
+    """One printed line: '<what>: predicted 1.10-1.50x, measured 1.34x [...] -> held'."""
+    word = prediction(measured, low, high)
+    rng = f"at least {low:.3g}{unit}" if high is None else f"{low:.3g}-{high:.3g}{unit}"
+    shown = str(measured) if isinstance(measured, Ratio) else f"{float(measured):.3g}{unit}"
+    line = f"{what}: predicted {rng}, measured {shown} -> {word}"
+    if isinstance(measured, Ratio) and measured.noisy:
+        line += f" (too noisy to judge: {measured.noisy})"
+    if isinstance(measured, Ratio) and measured.caveat:
+        line += f"; not like for like: {measured.caveat}"
+    return line
