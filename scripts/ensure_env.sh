@@ -79,6 +79,23 @@ pip_install() {
   ' >&2
 }
 
+# Each environment is several GB and a changed lock makes a new one: keep this one and the newest previous one of
+# the same kind, remove older ones (only in the default cache folder, never a folder set by hand), and say so.
+prune_old() {
+  local prefix old keep=1
+  [ -n "${WORKBOOK_ENV_DIR:-}${WORKBOOK_LEAN_ENV_DIR:-}" ] && return 0
+  prefix="$(basename "$envdir" | sed 's/-[0-9a-f]*$//')"
+  # newest first; skip this one, keep one more, remove the rest that are not in use (flock -n)
+  for old in $(ls -1dt "$(dirname "$envdir")/$prefix"-* 2>/dev/null | grep -v '\.lock$'); do
+    [ "$old" = "$envdir" ] && continue
+    if [ "$keep" -gt 0 ]; then keep=$((keep - 1)); continue; fi
+    if flock -n "$old.lock" true 2>/dev/null; then
+      echo ">> removing an older environment (its lock changed since): $old ($(du -sh "$old" 2>/dev/null | cut -f1))" >&2
+      rm -rf "$old" "$old.lock"
+    fi
+  done
+}
+
 (
   flock 9
   if [ ! -f "$envdir/.complete" ]; then
@@ -104,6 +121,7 @@ pip_install() {
     fi
     sha256sum "$req" > "$envdir/.complete"
     echo ">> done: $envdir" >&2
+    prune_old
   fi
   if [ "$kind" = course ]; then
     # The helper package is installed editable, pointing at *this* clone (cheap; redone when the clone moves).
