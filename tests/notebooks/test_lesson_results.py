@@ -46,6 +46,24 @@ def test_only_optional_sections_skipped(nb):
         assert section.startswith(nb.stem[:2] + "."), f"section {section!r} belongs to another lesson"
 
 
+# Lessons whose speedups are measured in interleaved rounds: at least this share of their "x" metrics carry the
+# interval of their rounds (00 states the rule, 08 only quotes the others).
+MEASURED_LESSONS = ("01", "02", "03", "04", "05", "06", "07")
+MIN_SHARE_WITH_INTERVAL = 0.9
+
+
+@pytest.mark.parametrize("nb", [p for p in LESSONS if p.stem[:2] in MEASURED_LESSONS],
+                         ids=[p.stem for p in LESSONS if p.stem[:2] in MEASURED_LESSONS])
+def test_ratios_carry_their_interval(nb):
+    data = _results(nb)
+    ratios = [m for m, unit in data.get("units", {}).items() if unit == "x" and m in data["metrics"]]
+    without = [m for m in ratios if m not in data.get("intervals", {})]
+    for name, (low, high) in data.get("intervals", {}).items():
+        assert low <= data["metrics"][name] <= high, f"{name}: {data['metrics'][name]} outside its [{low}, {high}]"
+    assert len(ratios) - len(without) >= MIN_SHARE_WITH_INTERVAL * len(ratios), (
+        f"{nb.name}: {len(without)} of {len(ratios)} speedups have no interval: {without}")
+
+
 def test_section_metrics_name_required_metrics_of_optional_sections():
     for section, metrics in SECTION_METRICS.items():
         assert section in sections.OPTIONAL_SECTIONS, section
