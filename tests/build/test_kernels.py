@@ -95,15 +95,24 @@ def test_sweep_validates_input():
 
 
 def test_sweep_reports_gbps_for_every_implementation():
+    from utils.core import bench
     from utils.kernels import sweep
 
     rows = sweep.softmax_sweep({"torch": lambda t: torch.softmax(t, -1)}, [4, 16], 256, min_run_time=0.01,
-                               warmup=0, rounds=1, progress=False)
+                               warmup=0, rounds=2, into={"torch into": lambda t, out: torch.softmax(t, -1, out=out)})
     assert [r["n"] for r in rows] == [4, 16]
-    assert all(r["copy"] > 0 and r["torch"] > 0 for r in rows)
+    assert all(r[k] > 0 for r in rows for k in ("copy", "clone", "torch", "torch into"))
+    assert all(len(r["round_ms"]["torch into"]) == 2 for r in rows)
     assert len(sweep.fraction_of_copy(rows, "torch")) == 2
+    assert sweep.fraction_of_copy(rows, "torch", roof="clone")[0] == rows[0]["torch"] / rows[0]["clone"]
+    ratio = sweep.ratio_over(rows, "torch into", over="copy")
+    assert isinstance(ratio, bench.Ratio) and ratio.rounds == 2 and ratio.low <= ratio.value <= ratio.high
     with pytest.raises(KeyError, match="fused"):
         sweep.fraction_of_copy(rows, "fused")
+    with pytest.raises(ValueError, match="roof"):
+        sweep.fraction_of_copy(rows, "torch", roof="spec sheet")
+    with pytest.raises(ValueError, match="both"):
+        sweep.softmax_sweep({"a": torch.clone}, [4], 64, into={"a": torch.clone})
 
 
 def test_lab_checks_fail_clearly_on_stubs_and_wrong_formulas():
@@ -157,6 +166,29 @@ def test_forward_matches_torch(ext, dtype, tol, algorithm, n):
     want = torch.softmax(x.double(), dim=-1)
     assert got.dtype == dtype and got.shape == x.shape
     assert (got.double() - want).abs().max().item() <= tol
+
+
+@needs_cxx
+@pytest.mark.parametrize("algorithm", [0, 1, 2])
+def test_out_variant_writes_the_same_result_into_the_buffer(ext, algorithm):
+    x = torch.randn(11, 300)
+    out = torch.full_like(x, 7.0)
+    assert ext.ops.softmax_forward_out(x, out, algorithm) is None
+    torch.testing.assert_close(out, ext.ops.softmax_forward(x, algorithm), atol=0, rtol=0)
+    with pytest.raises(RuntimeError, match="must not be x itself"):
+        ext.ops.softmax_forward_out(x, x, algorithm)
+
+
+@needs_cxx
+def test_accurate_exp_build_is_a_separate_op_with_the_same_parity():
+    fast, accurate = kernels.build(), kernels.build(accurate_exp=True)
+    assert accurate.namespace != fast.namespace and accurate.accurate_exp
+    assert "1 ulp" in accurate.build_info() and "20 ulp" in fast.build_info()
+    x = torch.randn(64, 4096) * 4
+    want = torch.softmax(x.double(), -1)
+    for e in (fast, accurate):
+        assert (e.ops.softmax_forward(x, 1).double() - want).abs().max().item() <= 2e-6
+    torch.testing.assert_close(accurate.ops.exp_only(x), torch.exp(x), atol=0, rtol=2e-7)
 
 
 @needs_cxx
@@ -226,6 +258,7 @@ def test_raw_kernel_errors(ext, ops):
     assert set(errors) == set(kernels.RAW_BAD_INPUTS)
     assert re.match(r"RuntimeError: .*expected a contiguous x.*call .contiguous", errors["strided x to the raw kernel"])
     assert re.match(r"RuntimeError: .*algorithm must be 0", errors["unknown algorithm"])
+    assert re.match(r"RuntimeError: .*out must have x's shape", errors["out of the wrong shape"])
     assert re.match(r"RuntimeError: .*same shape", errors["backward shape mismatch"])
     assert re.match(r"RuntimeError: .*same dtype", errors["backward dtype mismatch"])
     with pytest.raises(ValueError, match="0-d"):
@@ -283,14 +316,20 @@ def test_gradcheck_float64(ext, ops):
 
 
 @needs_cxx
-def test_custom_op_compiles_fullgraph_and_autograd_function_does_not(ext, ops):
+def test_raw_op_needs_a_fake_kernel_for_fullgraph_compile(ext, ops):
     x = torch.randn(4, 16)
     fn = torch.compile(lambda t: ops.softmax(t * 2), fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(fn(x), torch.softmax(x * 2, -1), atol=2e-6, rtol=0)
-    legacy = ops.autograd_function(ext)
+    raw = ext  # no other test registers a fake kernel for the raw ops
+    legacy = ops.autograd_function(raw)
     strict = torch.compile(lambda t: legacy.apply(t * 2), fullgraph=True, backend="aot_eager")
     with pytest.raises(Exception, match="fake tensors"):
         strict(x)
+    # The autograd.Function was never the problem: a fake kernel on the raw C++ op is the whole fix.
+    torch.library.register_fake(f"{raw.namespace}::softmax_forward")(lambda t, algorithm=0: t.new_empty(t.shape))
+    torch._dynamo.reset()
+    fixed = torch.compile(lambda t: legacy.apply(t * 2), fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(fixed(x), torch.softmax(x * 2, -1), atol=2e-6, rtol=0)
 
 
 @needs_cxx

@@ -101,6 +101,7 @@ class Extension:
     cuda: bool
     build_s: float
     cached: bool
+    accurate_exp: bool = False
 
     @property
     def ops(self):
@@ -113,7 +114,8 @@ class Extension:
 
     def __str__(self) -> str:
         how = "loaded from cache" if self.cached else f"built in {self.build_s:.1f} s"
-        return f"{self.name}: torch.ops.{self.namespace} ({self.capability}{', CUDA' if self.cuda else ''}), {how}"
+        extras = (", 1-ulp exp" if self.accurate_exp else "") + (", CUDA" if self.cuda else "")
+        return f"{self.name}: torch.ops.{self.namespace} ({self.capability}{extras}), {how}"
 
 
 def _read_sources(source: str | Path | None, cuda: bool) -> dict[str, str]:
@@ -152,12 +154,14 @@ def build(
     name: str = "wb_softmax",
     capability: str | None = None,
     cuda: bool = False,
+    accurate_exp: bool = False,
     verbose: bool = False,
 ) -> Extension:
     """Compile (or load the cached build of) the softmax extension and return it (lesson 06).
 
     `source`: C++ text, a Path, or None for utils/kernels/softmax.cpp. `capability`: "AVX512", "AVX2" or "DEFAULT";
-    None detects this CPU's. `cuda=True` adds softmax.cu (needs a CUDA build of torch and nvcc). The build also gets
+    None detects this CPU's. `accurate_exp=True` builds the float kernels with Sleef's 1-ulp exp (torch.softmax's)
+    instead of the 20-ulp exp_u20, for a like-for-like comparison. `cuda=True` adds softmax.cu (needs a CUDA build of torch and nvcc). The build also gets
     -fopenmp when torch uses OpenMP: at::parallel_for is header code, serial unless the extension enables OpenMP.
     """
     if not re.fullmatch(r"[a-z][a-z0-9_]{0,30}", name):
@@ -167,7 +171,7 @@ def build(
     capability = capability or cpu_capability()
     # at::parallel_for is inline code in the headers: without -fopenmp it compiles to a plain serial loop.
     openmp = ["-fopenmp"] if torch._C.has_openmp else []
-    cflags = ["-O3", *capability_cflags(capability), *openmp]
+    cflags = ["-O3", *capability_cflags(capability), *openmp, *(["-DWB_ACCURATE_EXP"] if accurate_exp else [])]
     texts = _read_sources(source, cuda)
     key = _key(texts, cflags, cuda)
     namespace = f"{name}_{key}"
@@ -212,7 +216,7 @@ def build(
         except RuntimeError as exc:
             raise RuntimeError(f"building {namespace} in {folder} failed:\n{_compiler_errors(str(exc))}") from None
         library = Path(built) if built else library
-    ext = Extension(name, namespace, library, capability, cuda, time.perf_counter() - t0, cached)
+    ext = Extension(name, namespace, library, capability, cuda, time.perf_counter() - t0, cached, accurate_exp)
     _loaded[namespace] = ext
     return ext
 
@@ -332,6 +336,7 @@ def source_excerpt(block: str, file: str = "softmax.cpp") -> str:
 # names what was expected. Expressions over `ops` (the build's torch.ops namespace) and `torch`.
 RAW_BAD_INPUTS = {
     "strided x to the raw kernel": "ops.softmax_forward(torch.ones(4, 6).t(), 0)",
+    "out of the wrong shape": "ops.softmax_forward_out(torch.ones(2, 3), torch.empty(3, 2), 0)",
     "unknown algorithm": "ops.softmax_forward(torch.ones(2, 3), 7)",
     "backward shape mismatch": "ops.softmax_backward(torch.ones(3, 4), torch.ones(3, 5))",
     "backward dtype mismatch": "ops.softmax_backward(torch.ones(3, 4), torch.ones(3, 4, dtype=torch.float64))",

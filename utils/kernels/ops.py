@@ -1,6 +1,11 @@
 """The fused softmax as a real PyTorch operator, and the older autograd.Function form (lesson 06).
 
-``softmax(x)`` is ``torch.ops.workbook.softmax``: a ``torch.library.custom_op`` over the last dimension with
+``softmax(x)`` is ``torch.ops.workbook.softmax``: a ``torch.library.custom_op`` over the last dimension. The kernels
+are C++ ops already (TORCH_LIBRARY, one namespace per build); the Python custom_op gives them one stable name across
+builds and devices, at the price of a Python call per op. (For a C++ kernel PyTorch documents the other way round:
+keep the op defined in C++ and register its fake and autograd from Python with torch.library.register_fake /
+register_autograd on "<namespace>::softmax_forward"; lesson 06 shows that too. custom_op is meant for kernels written
+in Python.) The op has
 
 - a fake (meta) kernel, so torch.compile and torch.export can trace it without running it;
 - autograd through ``register_autograd``: the backward is another custom op, ``workbook::softmax_backward``, that
@@ -94,8 +99,10 @@ def fused_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
 def autograd_function(ext: kernels.Extension) -> type[torch.autograd.Function]:
     """The classic torch.autograd.Function form from the source material, calling `ext`'s kernels (lesson 06).
 
-    It works in eager mode and under gradcheck. torch.compile, though, traces into forward(), and the raw kernel
-    there has no fake implementation, so a full-graph compile fails: the custom_op form above is the fix.
+    It works in eager mode and under gradcheck. Dynamo traces autograd.Function well; what a full-graph compile
+    trips on is the raw TORCH_LIBRARY op inside forward(), which has no fake kernel, so compile cannot tell the shape
+    of its output. ``torch.library.register_fake("<namespace>::softmax_forward")`` on the raw op fixes it (lesson 06
+    shows the error and the fix).
     """
     raw = ext.ops
 

@@ -7,7 +7,9 @@
 //   CPU_CAPABILITY_*  the instruction set at::vec::Vectorized may use (AVX2 or AVX512, with the matching -m flags).
 //                     Without it Vectorized<float> silently falls back to plain loops over an array: the kernel
 //                     still compiles and is still correct, it is just several times slower;
-//   -fopenmp          at::parallel_for is header code too: without OpenMP it runs every row on one thread.
+//   -fopenmp          at::parallel_for is header code too: without OpenMP it runs every row on one thread;
+//   WB_ACCURATE_EXP   (optional) use Vectorized::exp(), Sleef's 1-ulp exp that torch.softmax uses, instead of the
+//                     fast exp_u20: the lesson builds both to compare the kernel with torch like for like.
 //
 // Only light headers are included (no torch/extension.h, no pybind11): the build takes seconds, not a minute.
 
@@ -58,7 +60,16 @@ inline void vstore(at::BFloat16* p, const Vectorized<float>& v) {
 }
 
 // exp_u20 is ATen's fast float exp (max error 20 ulp, about 1e-6 relative; its flash-attention kernel uses it).
+// With WB_ACCURATE_EXP the build uses exp(), Sleef's expf_u10 (1 ulp), the exp of torch's own softmax kernel.
+// Either way an exp is not one instruction: a range reduction, a polynomial of degree 5-7 and a rebuild of the
+// exponent, some 15-25 vector instructions per vector, against one for a max or an add.
+#if defined(WB_ACCURATE_EXP)
+inline Vectorized<float> vexp(const Vectorized<float>& v) { return v.exp(); }
+constexpr const char* kExpName = "exp (Sleef u10, 1 ulp)";
+#else
 inline Vectorized<float> vexp(const Vectorized<float>& v) { return v.exp_u20(); }
+constexpr const char* kExpName = "exp_u20 (20 ulp)";
+#endif
 inline Vectorized<double> vexp(const Vectorized<double>& v) { return v.exp(); }
 
 template <typename A>
@@ -246,12 +257,11 @@ void for_each_row(int64_t rows, int64_t n, const F& f) {
   });
 }
 
-at::Tensor softmax_forward(const at::Tensor& x, int64_t algorithm) {
-  check_input(x, "fused softmax", "x");
+// The forward kernel writes into `y`, a contiguous tensor of x's shape and dtype that already exists.
+void softmax_into(const at::Tensor& x, at::Tensor& y, int64_t algorithm) {
   TORCH_CHECK(algorithm >= 0 && algorithm <= 2,
               "fused softmax: algorithm must be 0 (auto), 1 (three-pass) or 2 (online), got ", algorithm);
-  at::Tensor y = at::empty_like(x);
-  if (x.numel() == 0) return y;
+  if (x.numel() == 0) return;
   const int64_t n = x.size(-1);
   const int64_t rows = x.numel() / n;
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "fused_softmax_forward", [&] {
@@ -266,7 +276,25 @@ at::Tensor softmax_forward(const at::Tensor& x, int64_t algorithm) {
       three_pass_rows(xp, yp, rows, n);
     }
   });
+}
+
+at::Tensor softmax_forward(const at::Tensor& x, int64_t algorithm) {
+  check_input(x, "fused softmax", "x");
+  at::Tensor y = at::empty_like(x);  // a fresh output: above glibc's mmap threshold, fresh pages to fault in
+  softmax_into(x, y, algorithm);
   return y;
+}
+
+// The same kernel into a caller's buffer (like torch's out= variants): no allocation, no first-touch page faults,
+// so it can be timed against the copy into an existing buffer, the course's memory roof.
+void softmax_forward_out(const at::Tensor& x, at::Tensor out, int64_t algorithm) {
+  check_input(x, "fused softmax", "x");
+  check_input(out, "fused softmax", "out");
+  TORCH_CHECK(out.sizes() == x.sizes() && out.scalar_type() == x.scalar_type(),
+              "fused softmax: out must have x's shape and dtype, got ", out.sizes(), " ", out.scalar_type(),
+              " for x ", x.sizes(), " ", x.scalar_type());
+  TORCH_CHECK(!out.is_same(x), "fused softmax: out must not be x itself (the kernel reads x after writing out)");
+  softmax_into(x, out, algorithm);
 }
 
 at::Tensor softmax_naive(const at::Tensor& x) {
@@ -305,7 +333,7 @@ at::Tensor softmax_backward(const at::Tensor& grad_y, const at::Tensor& y) {
 
 // BEGIN exp-only
 // y = exp(x) with the same vector exp as the softmax kernels, one read and one write per element: the arithmetic
-// ceiling of any softmax built on this exp (lesson 06 measures it against x.clone() in cache).
+// ceiling of any softmax built on this exp (lesson 06 measures it in cache against the copy into a buffer).
 at::Tensor exp_only(const at::Tensor& x) {
   check_input(x, "exp_only", "x");
   TORCH_CHECK(x.scalar_type() == at::kFloat, "exp_only: expected x of dtype float32, got ", x.scalar_type());
@@ -337,13 +365,14 @@ std::string build_info() {
   const std::string par = "none (built without -fopenmp: at::parallel_for runs serially)";
 #endif
   return "cpu_capability=" + cap + ", Vectorized<float>::size()=" + std::to_string(Vectorized<float>::size()) +
-         ", parallel=" + par;
+         ", parallel=" + par + ", float exp=" + kExpName;
 }
 
 }  // namespace
 
 WB_LIBRARY(WB_NAMESPACE, m) {
   m.def("softmax_forward(Tensor x, int algorithm=0) -> Tensor");
+  m.def("softmax_forward_out(Tensor x, Tensor(a!) out, int algorithm=0) -> ()");
   m.def("softmax_backward(Tensor grad_y, Tensor y) -> Tensor");
   m.def("softmax_naive(Tensor x) -> Tensor");
   m.def("exp_only(Tensor x) -> Tensor");
@@ -352,6 +381,7 @@ WB_LIBRARY(WB_NAMESPACE, m) {
 
 WB_LIBRARY_IMPL(WB_NAMESPACE, CPU, m) {
   m.impl("softmax_forward", &softmax_forward);
+  m.impl("softmax_forward_out", &softmax_forward_out);
   m.impl("softmax_backward", &softmax_backward);
   m.impl("softmax_naive", &softmax_naive);
   m.impl("exp_only", &exp_only);
