@@ -180,7 +180,7 @@ def check_speed(inner_loop_source, rows: int = 2048, n: int = 1024, min_run_time
     }
     (gbps,) = sweep.softmax_sweep(impls, [n], rows * n, min_run_time=min_run_time, progress=False)
     for name in ("copy", *impls):
-        label = "x.clone() (copy roof)" if name == "copy" else name
+        label = "copy into a buffer (the roof)" if name == "copy" else name
         print(f"  {label:24s} {gbps[name]:7.2f} GB/s")
     ratio = gbps["your kernel"] / gbps["torch.softmax"]
     expect(math.isfinite(ratio) and ratio > 0, f"could not time your kernel (got {gbps['your kernel']!r} GB/s)")
