@@ -94,3 +94,22 @@ def test_manifest_bad_input(repo, tmp_path):
     pytest.importorskip("kubernetes_validate")
     with pytest.raises(ValueError, match="apiVersion and kind"):
         td.validate_manifest([{"metadata": {}}])
+
+
+def test_deployed_image_is_not_the_local_affected_release():
+    # the local server (2.51 = NGC 24.10) predates the 25.07 fixes of the August 2025 bulletin; the image a team
+    # deploys must be a release from 25.07 on, named by an explicit YY.MM tag
+    tag = td.TRITON_IMAGE.rsplit(":", 1)[1]
+    year, month = (int(x) for x in tag.split("-")[0].split("."))
+    assert td.TRITON_IMAGE.startswith("nvcr.io/nvidia/tritonserver:") and (year, month) >= (25, 7)
+    assert "24.10" in td.LOCAL_TRITON and "24.10" not in td.TRITON_IMAGE
+
+
+def test_manifest_for_the_native_onnxruntime_encoder(tmp_path, assets):
+    pytest.importorskip("kubernetes_validate")
+    onnx, tok, clf = assets
+    tr.build_pipeline(tmp_path / "repo", onnx_path=onnx, tokenizer_json=tok, classifiers={1: clf}, num_classes=3,
+                      encoder_platform=True)
+    assert 'platform: "onnxruntime_onnx"' in (tmp_path / "repo" / "encoder" / "config.pbtxt").read_text()
+    docs = td.k8s_manifest(tmp_path / "repo", name="ens", replicas=1, cpu=1, memory_mib=100, image=td.TRITON_IMAGE)
+    assert td.validate_manifest(docs) == ["Deployment/ens", "Service/ens"]

@@ -232,6 +232,22 @@ def _torchserve() -> Capability:
     return Capability("torchserve", True, ", ".join(f"{d} {f[1]}" for d, f in found.items()) + ", " + java_text)
 
 
+def nginx_binary() -> str | None:
+    """The nginx binary lesson 05's proxy section runs (05.proxy-limit): on PATH, in /usr/sbin, or unpacked by
+    scripts/fetch_nginx.sh into the course cache. None where there is none."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ml-workbook" / "nginx" / "usr" / "sbin"
+    found = shutil.which("nginx") or shutil.which("nginx", path=os.pathsep.join(["/usr/sbin", str(cache)]))
+    return found
+
+
+def _nginx() -> Capability:
+    found = nginx_binary()
+    if not found:
+        return Capability("nginx", False, "no nginx binary (Debian: apt-get install nginx, or scripts/fetch_nginx.sh "
+                                          "to unpack it into the course cache without a service)")
+    return Capability("nginx", True, found)
+
+
 def _module(name: str, install_hint: str) -> Capability:
     found = distribution_version(name)
     if found is None:
@@ -258,6 +274,7 @@ def capabilities() -> dict[str, Capability]:
         "tvm": _module("tvm", "apache-tvm"),
         "lightning": _module("lightning", "lightning"),
         "torchserve": _torchserve(),
+        "nginx": _nginx(),
     }
     tf2onnx = _module("tf2onnx", "tf2onnx")
     caps["tf2onnx"] = Capability("tf2onnx", caps["tensorflow"].available and tf2onnx.available,

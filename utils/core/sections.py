@@ -46,6 +46,7 @@ OPTIONAL_SECTIONS: dict[str, tuple[str, str]] = {
     "05.triton": ("tritonserver", "the Triton ensemble, load tests and hardening"),
     "05.gpu-instances": ("cuda", "Triton KIND_GPU instances and a GPU encoder"),
     "05.k8s-manifest": ("kubernetes_validate", "the Kubernetes manifest checked against the bundled Kubernetes schema"),
+    "05.proxy-limit": ("nginx", "a proxy in front of Triton that buffers and caps request bodies (nginx on 127.0.0.1)"),
     "05.torchserve": ("torchserve", "the same PyTorch pipeline on TorchServe: archive, REST, parity, latency vs Triton"),
     "06.cpu-kernel": ("cxx", "build the C++ softmax extension"),
     "06.cuda-kernel": ("cuda+nvcc", "build and run the CUDA softmax kernel"),

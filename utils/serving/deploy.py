@@ -17,6 +17,7 @@ from pathlib import Path
 from utils.serving import repository
 
 __all__ = [
+    "LOCAL_TRITON",
     "TRITON_IMAGE",
     "PORTS",
     "replicas_needed",
@@ -26,8 +27,18 @@ __all__ = [
     "validate_manifest",
 ]
 
-# The NGC release that carries Triton 2.51, the server in the nvidia-pytriton wheel this course runs.
-TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
+# Two different servers, not to be confused:
+# - LOCAL_TRITON: the tritonserver binary bundled in the nvidia-pytriton wheel this course runs on 127.0.0.1. It is
+#   Triton 2.51 (NGC 24.10), affected by NVIDIA's August 2025 bulletin (CVE-2025-23310/23311, a stack overflow from a
+#   chunked HTTP request; the CVE-2025-23319/23320/23334 chain in the Python backend; all fixed in 25.07) and by later
+#   bulletins. The lesson keeps it on loopback, where only this machine can reach it.
+# - TRITON_IMAGE: the image a team deploys. Pick it from NVIDIA's security bulletins (nvidia.com/security) and the
+#   Triton release notes (docs.nvidia.com/deeplearning/triton-inference-server/release-notes): the newest release that
+#   fixes every published bulletin. 26.10 is the newest release whose notes were confirmed when this was written
+#   (November 2026); check again before deploying, and pin the image by digest (@sha256:..., from
+#   `docker buildx imagetools inspect <image>`) so the bytes you tested are the bytes that run.
+LOCAL_TRITON = "tritonserver 2.51 (NGC 24.10), bundled in nvidia-pytriton 0.7.0"
+TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:26.10-py3"
 PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
 
 
