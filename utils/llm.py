@@ -38,7 +38,7 @@ from utils.core.data import labeled_sentences
 
 __all__ = [
     "GPTConfig", "CharTokenizer", "TinyGPT", "Block", "corpus_text", "train", "tiny_gpt", "generate",
-    "generate_cached", "forward_cached", "KVCache", "step_times", "verify_greedy", "kv_cache_bytes_per_token", "decode_step_bytes",
+    "generate_cached", "forward_cached", "KVCache", "cached_logits_max_diff", "step_times", "verify_greedy", "kv_cache_bytes_per_token", "decode_step_bytes",
     "naive_attention", "tiled_attention", "peak_live_bytes", "sdpa_backend",
     "Request", "make_trace", "fresh", "Engine", "decode_step_seconds", "run_static", "run_continuous", "summarize",
     "PagedKVCache", "reserved_slots", "Int8Linear", "quantize_int8", "linear_weight_bytes",
@@ -330,6 +330,28 @@ def generate_cached(model: TinyGPT, prompt: torch.Tensor, n_new: int) -> torch.T
     return torch.cat(out, dim=1)
 
 
+@torch.inference_mode()
+def cached_logits_max_diff(model: TinyGPT, seq: torch.Tensor, prompt_len: int, cache: KVCache | None = None) -> float:
+    """Max |logits of cached decoding - logits of one uncached forward| over EVERY position from prompt_len - 1 on.
+
+    The cached path prefills seq[:, :prompt_len], then feeds one token per step; each step's full logit vector is
+    compared with the reference forward over the whole of `seq` at the same position. Unlike comparing greedy tokens,
+    this fails for a wrong cache position or mask even when a barely trained model picks the same token everywhere
+    (lesson 07; tests/build/test_llm.py feeds it a cache that writes one position off). `cache`: the cache to use
+    (default a fresh KVCache).
+    """
+    if seq.dim() != 2 or not 1 <= prompt_len < seq.shape[1]:
+        raise ValueError(f"seq must be [batch, time] with 1 <= prompt_len < time, got {tuple(seq.shape)}, "
+                         f"prompt_len={prompt_len}")
+    cache = cache if cache is not None else KVCache(model.cfg, seq.shape[0], seq.shape[1])
+    full = model(seq)
+    worst = (forward_cached(model, seq[:, :prompt_len], cache) - full[:, prompt_len - 1]).abs().max().item()
+    for t in range(prompt_len, seq.shape[1]):
+        step = forward_cached(model, seq[:, t : t + 1], cache)
+        worst = max(worst, (step - full[:, t]).abs().max().item())
+    return worst
+
+
 def step_times(model: TinyGPT, fn: Callable[[], object]) -> tuple[object, list[float]]:
     """Run fn() and time each generation step: a forward hook on model.lm_head marks the end of every step.
 
@@ -364,9 +386,16 @@ def verify_greedy(model: TinyGPT, prompt: torch.Tensor, output, *, tol: float = 
     return int((chosen < logits.max(dim=1).values - tol).sum())
 
 
-def kv_cache_bytes_per_token(cfg: GPTConfig, dtype=torch.float32) -> int:
-    """Bytes of KV cache one token adds: 2 (k and v) x layers x d_model x bytes per element (lesson 07)."""
-    return 2 * cfg.n_layers * cfg.d_model * torch.empty((), dtype=dtype).element_size()
+def kv_cache_bytes_per_token(cfg: GPTConfig, dtype=torch.float32, n_kv_heads: int | None = None) -> int:
+    """Bytes of KV cache one token adds: 2 (k and v) x layers x n_kv_heads x head_dim x bytes per element (lesson 07).
+
+    `n_kv_heads` defaults to cfg.n_heads (multi-head attention, where n_kv_heads x head_dim = d_model); grouped-query
+    attention shares each key/value head among several query heads, so fewer are stored (Llama-3-8B: 8 of 32).
+    """
+    kv_heads = cfg.n_heads if n_kv_heads is None else n_kv_heads
+    if not 1 <= kv_heads <= cfg.n_heads or cfg.n_heads % kv_heads:
+        raise ValueError(f"n_kv_heads must divide n_heads = {cfg.n_heads}, got {kv_heads}")
+    return 2 * cfg.n_layers * kv_heads * cfg.head_dim * torch.empty((), dtype=dtype).element_size()
 
 
 def decode_step_bytes(model: TinyGPT, position: int, batch: int = 1) -> int:

@@ -78,6 +78,41 @@ def test_forward_cached_logits_match_the_full_forward(model):
         assert (logits - full[:, t]).abs().max() < 1e-5
 
 
+class _ShiftedCache(llm.KVCache):
+    """A deliberately wrong cache: writes each key and value one position late, leaving a stale zero row behind."""
+
+    def update(self, layer, k, v):
+        start, end = self.length + 1, self.length + 1 + k.shape[2]
+        self.k[layer][:, :, start:end] = k
+        self.v[layer][:, :, start:end] = v
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+
+
+def test_logit_parity_catches_a_wrong_cache_position_when_argmax_is_constant():
+    model = _model()
+    with torch.no_grad():  # a model that picks token 0 whatever the context, as a barely trained one does
+        model.ln_f.bias.copy_(torch.linspace(-1, 1, model.cfg.d_model))
+        model.lm_head.weight[0] = 10 * model.ln_f.bias
+    seq = torch.randint(0, 23, (2, 40), generator=torch.Generator().manual_seed(4))
+    prompt = seq[:, :12]
+    assert torch.equal(llm.generate_cached(model, prompt, 20), torch.zeros(2, 20, dtype=torch.long))
+    right = llm.cached_logits_max_diff(model, seq, 12)
+    wrong = llm.cached_logits_max_diff(model, seq, 12, cache=_ShiftedCache(model.cfg, 2, 41))
+    scale = model(seq).abs().max().item()  # float rounding is relative to the logits' size
+    assert right < 1e-5 * scale
+    assert wrong > 1e-2 * scale
+    with pytest.raises(ValueError, match="prompt_len"):
+        llm.cached_logits_max_diff(model, seq, 40)
+
+
+def test_kv_cache_bytes_with_grouped_query_attention():
+    llama3_8b = llm.GPTConfig(vocab_size=128256, d_model=4096, n_heads=32, n_layers=32, d_ff=14336, max_len=8192)
+    assert llm.kv_cache_bytes_per_token(llama3_8b, torch.bfloat16, n_kv_heads=8) == 128 * 1024
+    assert llm.kv_cache_bytes_per_token(llama3_8b, torch.bfloat16) == 512 * 1024
+    with pytest.raises(ValueError, match="divide"):
+        llm.kv_cache_bytes_per_token(llama3_8b, n_kv_heads=5)
+
+
 def test_kv_cache_bytes_and_overflow(model):
     cfg = model.cfg
     cache = llm.KVCache(cfg, batch=3, max_len=50)
@@ -322,8 +357,7 @@ def test_tiny_gpt_trains_and_caches(tmp_path, monkeypatch):
 
 
 def test_lab08_checks_explain_wrong_answers(tmp_path, monkeypatch):
-    from utils.checks import lab07
-    from utils.checks import LabCheckFailed
+    from utils.checks import LabCheckFailed, lab07
 
     monkeypatch.setenv("WORKBOOK_BUILD_DIR", str(tmp_path))
     model, tok = llm.tiny_gpt(0, progress=False, d_model=32, n_heads=2, n_layers=1, d_ff=64, max_len=256)
