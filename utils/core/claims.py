@@ -191,10 +191,13 @@ def _prediction_note(c: Claim, results: dict[str, dict]) -> str:
     (p_lesson, p_metric), (h_lesson, h_metric) = c.prediction
     predicted = results.get(p_lesson, {}).get("metrics", {}).get(p_metric)
     held = results.get(h_lesson, {}).get("metrics", {}).get(h_metric)
-    if predicted is None or not isinstance(held, bool):
+    if isinstance(held, bool):  # older results files stored True/False
+        held = "held" if held else "did not hold"
+    if predicted is None or held not in ("held", "did not hold", "undecided"):
         return ""
-    return (f"; predicted from this machine's hardware before measuring: {predicted}, and the prediction "
-            + ("held: the verdict is what this hardware should give" if held else "did not hold"))
+    outcome = {"held": "held: the verdict is what this hardware should give", "did not hold": "did not hold",
+               "undecided": "is undecided: the measurement's interval straddles the predicted band"}[held]
+    return f"; predicted from this machine's hardware before measuring: {predicted}, and the prediction {outcome}"
 
 
 def _evaluate_one(c: Claim, results: dict[str, dict]) -> ClaimResult:
