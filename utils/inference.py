@@ -6,7 +6,8 @@
 - autograd_saved_bytes: the memory an autograd graph keeps alive (the tensors saved for backward), counted exactly
 - heap_bytes_held_by: what a call leaves allocated while its result lives, read from glibc's malloc (gradient
   checkpointing keeps tensors alive outside the saved-tensor hooks, so it is measured this way)
-- throughput_sweep: latency and throughput per batch size, on utils.core.bench
+- throughput_sweep: latency and throughput per batch size in interleaved rounds (a Sweep: gain per batch with its
+  interval, drops flagged); activation_sizes: the activations one forward pass writes
 - cold_start: first call vs steady state in a fresh Python process (nothing cached, nothing warmed)
 - path_size_bytes, size_table, savedmodel_variable_bytes: what saved models weigh on disk
 - pickle_globals: the Python names a torch.save file must import to load (why a state_dict survives code moves)
@@ -17,18 +18,21 @@ torch is imported inside the functions, so importing this module is free.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import itertools
 import json
 import os
 import pickletools
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from utils.core import bench, onnx_io
+from utils.core import bench, onnx_io, verdict
 from utils.core import env as _env
 from utils.core.models import vision_model
 
@@ -40,7 +44,11 @@ __all__ = [
     "predict",
     "autograd_saved_bytes",
     "heap_bytes_held_by",
+    "Sweep",
     "throughput_sweep",
+    "activation_sizes",
+    "last_level_cache_bytes",
+    "native_logs_silenced",
     "cold_start",
     "path_size_bytes",
     "size_table",
@@ -239,25 +247,115 @@ def heap_bytes_held_by(fn: Callable[[], object]) -> tuple[int, object]:
     return _heap_in_use() - before, result
 
 
-def throughput_sweep(model, batch_sizes: Sequence[int], make_input: Callable[[int], object], *,
-                     min_run_time: float = 0.5, warmup: int = 1, progress: bool = True) -> list:
-    """Time model(make_input(bs)) under torch.inference_mode() for each batch size (lesson 01).
+@dataclass(frozen=True)
+class Sweep:
+    """Latency and throughput per batch size, timed in interleaved rounds (lesson 01; throughput_sweep).
 
-    Returns one utils.core.bench.BenchResult per batch size (items = bs, so .throughput is images per second).
+    ``results[bs]`` pools every round's blocks (items = bs, so ``.throughput`` is images per second);
+    ``round_ms[bs]`` holds each round's median time per call, round i of every batch size timed together.
     """
+
+    results: dict[int, bench.BenchResult]
+    round_ms: dict[int, list[float]]
+
+    def gain(self, bs: int, over: int | None = None) -> bench.Ratio:
+        """Throughput of batch `bs` over batch `over` (default: the smallest), per round: a Ratio with its interval."""
+        over = min(self.results) if over is None else over
+        for key in (bs, over):
+            if key not in self.results:
+                raise KeyError(f"batch {key} was not swept; the sweep has {sorted(self.results)}")
+        per_round = [(bs / b_ms) / (over / o_ms) for b_ms, o_ms in zip(self.round_ms[bs], self.round_ms[over],
+                                                                        strict=True)]
+        noisy = "; ".join(f"batch {k}: IQR {self.results[k].iqr_fraction:.0%} of the median"
+                          for k in dict.fromkeys((over, bs)) if self.results[k].iqr_fraction > bench.MAX_IQR_FRACTION)
+        return bench.Ratio.from_samples(per_round, noisy=noisy)
+
+    def drops(self, threshold: float = 1.05) -> list[tuple[int, int, bench.Ratio]]:
+        """(smaller, larger, gain) for each step up in batch size whose throughput fell: the verdict on the larger
+        batch's gain over the smaller one is "slower" (a drop the rounds agree on, not noise)."""
+        sizes = sorted(self.results)
+        steps = [(a, b, self.gain(b, over=a)) for a, b in zip(sizes, sizes[1:], strict=False)]
+        return [(a, b, g) for a, b, g in steps if verdict.speed(g, threshold) == verdict.SLOWER]
+
+
+def throughput_sweep(model, batch_sizes: Sequence[int], make_input: Callable[[int], object], *, rounds: int = 3,
+                     min_run_time: float = 0.5, warmup: int = 2) -> Sweep:
+    """Time model(make_input(bs)) under torch.inference_mode() for each batch size, interleaved (lesson 01).
+
+    Every round times each batch size once, in turn (warm-up calls in the first round only), so a busy neighbour or
+    a slow drift hits all batch sizes alike; `min_run_time` is per batch size and round. Returns a Sweep.
+    """
+    import statistics
+
     import torch
-    from tqdm.auto import tqdm
 
     sizes = list(batch_sizes)
     if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
         raise ValueError(f"batch_sizes must be positive ints, got {sizes!r}")
-    results = []
-    for bs in tqdm(sizes, desc=type(model).__name__, disable=not progress, leave=False):
-        x = make_input(bs)
+    if len(set(sizes)) != len(sizes) or rounds < 1:
+        raise ValueError(f"batch_sizes must be distinct and rounds >= 1, got {sizes!r} and rounds={rounds}")
+    inputs = {bs: make_input(bs) for bs in sizes}
+    round_ms: dict[int, list[float]] = {bs: [] for bs in sizes}
+    blocks: dict[int, list[float]] = {bs: [] for bs in sizes}
+    for r in range(rounds):
+        for bs in sizes:
+            with torch.inference_mode():
+                res = bench.measure(lambda x=inputs[bs]: model(x), label=f"batch {bs}",
+                                    warmup=warmup if r == 0 else 0, min_run_time=min_run_time, items=bs)
+            round_ms[bs].append(res.median_ms)
+            blocks[bs].extend(res.times_ms or (res.median_ms,))
+    results = {}
+    for bs, times in blocks.items():
+        q = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
+        results[bs] = bench.BenchResult(label=f"batch {bs}", median_ms=statistics.median(times), iqr_ms=q[2] - q[0],
+                                        runs=len(times), items=bs, times_ms=tuple(times))
+    return Sweep(results, round_ms)
+
+
+def activation_sizes(model, x) -> list[int]:
+    """Bytes of every leaf module's output in one forward pass of `x`, in call order (lesson 01).
+
+    The working set a batch drags through the memory system: compare the largest and the sum with the last-level
+    cache, and count the buffers large enough that glibc's malloc maps fresh pages for them on every call.
+    """
+    import torch
+
+    sizes: list[int] = []
+
+    def hook(module, args, out):
+        if torch.is_tensor(out):
+            sizes.append(out.numel() * out.element_size())
+
+    handles = [m.register_forward_hook(hook) for m in model.modules() if not list(m.children())]
+    try:
         with torch.inference_mode():
-            results.append(bench.measure(lambda x=x: model(x), label=f"batch {bs}", warmup=warmup,
-                                         min_run_time=min_run_time, items=bs))
-    return results
+            model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    if not sizes:
+        raise ValueError(f"{type(model).__name__} has no leaf module returning a tensor: nothing to count")
+    return sizes
+
+
+def last_level_cache_bytes() -> int | None:
+    """Size of the largest CPU cache (usually the L3 one core sees) from sysfs, or None where it cannot be read
+    (lesson 01: a batch's activations against it)."""
+    best = None
+    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        m = re.fullmatch(r"(\d+)([KMG]?)", path.read_text().strip())
+        if m:
+            best = max(best or 0, int(m.group(1)) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[m.group(2)])
+    return best
+
+
+@contextlib.contextmanager
+def native_logs_silenced():
+    """Hide what C++ libraries write straight to file descriptors 1 and 2 while the block runs (lesson 01):
+    TensorFlow's start-up log (its oneDNN notice, and on a machine without a GPU an E-level "failed call to cuInit")
+    goes around Python's logging, so TF_CPP_MIN_LOG_LEVEL no longer hides it. Python exceptions still propagate."""
+    with onnx_io._fds_captured():
+        yield
 
 
 def cold_start(model: str = "resnet18", *, batch: int = 1, image_size: int = 224, device: str = "cpu",

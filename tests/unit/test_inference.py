@@ -1,5 +1,7 @@
 """utils.inference (lesson 01): predict, boundary checks, autograd memory, sizes (correctness only, no timings)."""
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -206,6 +208,49 @@ def test_pickle_globals_reads_plain_pickles_and_explains_bad_files(tmp_path):
     junk.write_bytes(b"not a pickle")
     with pytest.raises(ValueError, match="does not hold a readable pickle"):
         inference.pickle_globals(junk)
+
+
+def _sweep(round_ms, iqr=0.0):
+    from utils.core.bench import BenchResult
+
+    results = {bs: BenchResult(f"batch {bs}", sorted(ms)[len(ms) // 2], iqr, len(ms), items=bs) for bs, ms in round_ms.items()}
+    return inference.Sweep(results, round_ms)
+
+
+def test_sweep_gain_is_per_round_throughput_ratio_with_interval():
+    sweep = _sweep({1: [10.0, 10.0, 10.0], 4: [20.0, 25.0, 50.0]})  # per-round gains 2.0, 1.6, 0.8
+    gain = sweep.gain(4)
+    assert (gain.value, gain.low, gain.high, gain.rounds) == pytest.approx((1.6, 0.8, 2.0, 3))
+    assert sweep.gain(1).interval == (1.0, 1.0)
+    assert not gain.noisy and "IQR" in _sweep({1: [10.0], 2: [10.0]}, iqr=5.0).gain(2).noisy
+    with pytest.raises(KeyError, match="batch 8 was not swept"):
+        sweep.gain(8)
+
+
+def test_sweep_flags_only_drops_every_round_agrees_on():
+    sweep = _sweep({1: [10.0, 10.0], 2: [30.0, 31.0], 4: [40.0, 70.0]})  # 2 falls in both rounds; 4 vs 2: 1.5x, 0.89x
+    assert [(a, b) for a, b, _ in sweep.drops()] == [(1, 2)]
+
+
+def test_throughput_sweep_interleaves_rounds_and_checks_sizes(net):
+    net.eval()
+    seen = []
+    net.register_forward_pre_hook(lambda module, args: seen.append(args[0].shape[0]))
+    sweep = inference.throughput_sweep(net, [1, 3], lambda bs: torch.randn(bs, 3, 8, 8), rounds=2,
+                                       min_run_time=0.001, warmup=1)
+    assert sorted(sweep.results) == [1, 3] and sweep.results[3].items == 3
+    assert [len(v) for v in sweep.round_ms.values()] == [2, 2]
+    runs = [bs for bs, _ in itertools.groupby(seen)]
+    assert runs == [1, 3, 1, 3], "each round times every batch size once, in turn"
+    for bad in ([], [0], [2, 2], [True]):
+        with pytest.raises(ValueError, match="batch_sizes"):
+            inference.throughput_sweep(net, bad, lambda bs: torch.randn(bs, 3, 8, 8))
+
+
+def test_activation_sizes_counts_every_leaf_output():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    assert inference.activation_sizes(model, torch.randn(5, 4)) == [5 * 8 * 4, 5 * 8 * 4, 5 * 2 * 4]
+    assert not any(m._forward_hooks for m in model.modules()), "the hooks are removed afterwards"
 
 
 def test_cold_start_rejects_bad_arguments():
