@@ -252,7 +252,7 @@ def _evaluate_one(c: Claim, results: dict[str, dict]) -> ClaimResult:
         verdict = BEYOND
     else:
         verdict = HOLDS
-    unit = data.get("units", {}).get(metric, "") or c.unit
+    unit = c.unit if c.kind == "ratio" else (data.get("units", {}).get(metric, "") or c.unit)
     shown = f"{value:.3g} {c.unit}" + (f" [{lo:.3g}-{hi:.3g}]" if (lo, hi) != (value, value) else "")
     reason = f"measured {shown} against the claimed {_range(c)}{note}"
     if verdict == UNDECIDED:
