@@ -157,6 +157,21 @@ def test_trt_helpers_without_tensorrt(tmp_path):
         trt_tools.trtexec_command("a.onnx", "a.plan", input_name="x", sample_shape=(4,), min_batch=8, opt_batch=2)
     with pytest.raises(ValueError, match="sample_shape"):
         trt_tools.trtexec_command("a.onnx", "a.plan", input_name="x", sample_shape=(0, 3))
+    assert "--fp16" not in trt_tools.trtexec_command("a.onnx", "a.plan", input_name="x", sample_shape=(4,),
+                                                     trt_major=11)
+    with pytest.raises(ValueError, match="trt_major"):
+        trt_tools.trtexec_command("a.onnx", "a.plan", input_name="x", sample_shape=(4,), trt_major=9)
+    fp16_11 = trt_tools.build_recipe("m.onnx", "m.plan", precision="fp16", trt_major=11, input_name="x",
+                                     sample_shape=(4,))
+    assert len(fp16_11) == 2 and "modelopt.onnx.autocast" in fp16_11[0] and "--onnx=m_fp16.onnx" in fp16_11[1]
+    assert not any("--fp16" in step for step in fp16_11)
+    int8_10 = trt_tools.build_recipe("m.onnx", "m.plan", precision="int8", trt_major=10, input_name="x",
+                                     sample_shape=(4,))
+    assert "modelopt.onnx.quantization" in int8_10[0] and "--stronglyTyped" in int8_10[1] and "--int8" not in int8_10[1]
+    assert trt_tools.build_recipe("m.onnx", "m.plan", precision="fp16", trt_major=10, input_name="x",
+                                  sample_shape=(4,))[-1].endswith("--fp16")
+    with pytest.raises(ValueError, match="precision"):
+        trt_tools.build_recipe("m.onnx", "m.plan", precision="bf8", trt_major=10, input_name="x", sample_shape=(4,))
     summary = trt_tools.fusion_summary({"Layers": [{"Name": "conv1 + bn1 + relu1", "LayerType": "CaskConvolution"},
                                                    {"Name": "fc", "LayerType": "CaskGemm"}, "reformat"]})
     assert summary["layers"] == 3 and summary["fused_layers"] == 1
@@ -177,3 +192,17 @@ def test_conversion_gate_failure_names_the_broken_budget():
         within_budget("size_over_fp32_params", 2.0, 1.25, "x")
     with pytest.raises(AssertionError, match=r"budget 'parity_atol' cannot be checked: measured value is nan"):
         within_budget("parity_atol", float("nan"), 1e-4)
+
+
+def test_native_logs_silenced_hides_fd_writes(capfd):
+    import os
+
+    from utils.conversion import onnx_tools as tools
+
+    with tools.native_logs_silenced():
+        os.write(2, b"E0000 failed call to cuInit\n")
+    os.write(2, b"after\n")
+    err = capfd.readouterr().err
+    assert "cuInit" not in err and "after" in err
+    with pytest.raises(ValueError), tools.native_logs_silenced():
+        raise ValueError("exceptions still propagate")

@@ -8,11 +8,13 @@ Everything here imports torch / onnx / onnxruntime inside the functions, so impo
 from __future__ import annotations
 
 import collections
+import contextlib
 from pathlib import Path
 
-from utils.core.onnx_io import as_path, export_model, ort_session, parity, to_numpy
+from utils.core.onnx_io import _fds_captured, as_path, export_model, ort_session, parity, to_numpy
 
-__all__ = ["load_model", "op_histogram", "node_count", "optimized_graph", "check_model", "calibration_reader", "to_fp16", "warmup"]
+__all__ = ["load_model", "op_histogram", "node_count", "optimized_graph", "check_model", "calibration_reader", "to_fp16", "native_logs_silenced",
+           "warmup"]
 
 # ---------------------------------------------------------------------------------------------------------------------
 # graph inspection
@@ -104,9 +106,10 @@ def calibration_reader(input_name: str, batches):
 def to_fp16(path, out_path, *, keep_io_types: bool = True) -> Path:
     """Convert an fp32 ONNX model to fp16 weights and compute (inputs/outputs stay fp32 by default) (lesson 04).
 
-    Uses ONNX Runtime's float16 converter. TensorRT 11 builds strongly typed networks only, so its fp16 engines start
-    from such a file; on a CPU, ONNX Runtime runs it too (slowly: CPUs have few fp16 kernels), which lets you check
-    its accuracy here.
+    Uses ONNX Runtime's float16 converter: a blanket conversion of every op, not ModelOpt AutoCast's accuracy-aware
+    mixed precision (which keeps sensitive ops in fp32), the route NVIDIA documents for TensorRT 11's strongly typed
+    builds. On a CPU, ONNX Runtime runs the result too (slowly: CPUs have few fp16 kernels), so its accuracy can be
+    checked before a GPU is involved.
     """
     import onnx
     from onnxruntime.transformers.float16 import convert_float_to_float16
@@ -120,6 +123,16 @@ def to_fp16(path, out_path, *, keep_io_types: bool = True) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(half, str(out))
     return out
+
+
+@contextlib.contextmanager
+def native_logs_silenced():
+    """Hide what C++ libraries write straight to file descriptors 1 and 2 while the block runs (lesson 04): TensorFlow's
+    import-time CUDA probe (an E-level "failed call to cuInit" line on machines without a GPU) and oneDNN notice, the
+    TFLite converter's log. Python exceptions still propagate; Python-level prints inside the block are not affected
+    in Jupyter (they do not go through the file descriptors there)."""
+    with _fds_captured():
+        yield
 
 
 def warmup() -> str:

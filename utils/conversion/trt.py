@@ -6,9 +6,10 @@ raises a clear error when it is missing; trtexec_command() and fusion_summary() 
 
 Written against the documented TensorRT Python API (10.x, and 11.x where strong typing is the only mode):
 ``Builder`` -> ``create_network`` -> ``OnnxParser.parse`` -> ``create_optimization_profile`` (min/opt/max shapes of the
-dynamic batch) -> ``BuilderConfig`` (fp16 flag on 10.x; on 11.x the ONNX file itself must carry fp16, see
-utils.conversion.onnx_tools.to_fp16) -> ``build_serialized_network`` -> ``Runtime.deserialize_cuda_engine`` ->
-``create_engine_inspector``. Not verified on the CPU-only machine this course was written on.
+dynamic batch) -> ``BuilderConfig`` (fp16 flag on 10.x; 11.x removed every precision flag and builds strongly typed
+networks only, so the ONNX file itself must carry fp16 (ModelOpt AutoCast) or int8 Q/DQ pairs: see build_recipe()) ->
+``build_serialized_network`` -> ``Runtime.deserialize_cuda_engine`` -> ``create_engine_inspector``. Not yet verified
+on a GPU: the CPU-only machines this course was written on cannot run it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ __all__ = [
     "TensorRTMissing",
     "require_tensorrt",
     "trtexec_command",
+    "build_recipe",
     "build_engine",
     "load_engine",
     "engine_layers",
@@ -53,12 +55,17 @@ def _shape_text(shape) -> str:
 
 
 def trtexec_command(onnx_path, engine_path, *, input_name: str, sample_shape, min_batch: int = 1, opt_batch: int = 8,
-                    max_batch: int = 32, fp16: bool = True, verbose: bool = False) -> str:
+                    max_batch: int = 32, fp16: bool = True, verbose: bool = False, trt_major: int = 10,
+                    strongly_typed: bool = False) -> str:
     """The trtexec command line that builds the same engine as build_engine() (lesson 04).
 
-    sample_shape is one sample's shape without the batch axis, e.g. (3, 224, 224). fp16 adds --fp16 (TensorRT 10.x;
-    on 11.x pass an fp16 ONNX file instead: the flag is gone and networks are strongly typed).
+    sample_shape is one sample's shape without the batch axis, e.g. (3, 224, 224). On TensorRT 10.x (`trt_major`
+    10) fp16 adds --fp16 (weak typing: TensorRT may pick fp16 kernels) and strongly_typed adds --stronglyTyped (the
+    file's own types decide, e.g. a QDQ int8 file). TensorRT 11.x removed every precision flag (--fp16, --int8,
+    --best) and always builds strongly typed: the precision must already be in the ONNX file (build_recipe()).
     """
+    if trt_major not in (10, 11):
+        raise ValueError(f"trt_major is the TensorRT major version the command is for, 10 or 11; got {trt_major}")
     if not (1 <= min_batch <= opt_batch <= max_batch):
         raise ValueError(f"need 1 <= min_batch <= opt_batch <= max_batch, got {min_batch}, {opt_batch}, {max_batch}")
     if not input_name:
@@ -76,11 +83,43 @@ def trtexec_command(onnx_path, engine_path, *, input_name: str, sample_shape, mi
         f"--minShapes={shp(min_batch)}", f"--optShapes={shp(opt_batch)}", f"--maxShapes={shp(max_batch)}",
         "--profilingVerbosity=detailed", f"--exportLayerInfo={Path(str(engine_path)).with_suffix('.layers.json')}",
     ]
-    if fp16:
+    if trt_major == 10 and fp16:
         parts.append("--fp16")
+    if trt_major == 10 and strongly_typed:
+        parts.append("--stronglyTyped")
     if verbose:
         parts.append("--verbose")
     return " ".join(shlex.quote(p) for p in parts)
+
+
+def build_recipe(onnx_path, engine_path, *, precision: str, trt_major: int, input_name: str, sample_shape,
+                 **shapes) -> list[str]:
+    """The shell commands that build a `precision` ("fp32", "fp16" or "int8") engine on TensorRT `trt_major` (lesson 04).
+
+    - fp16 on 10.x: trtexec --fp16. On 11.x the flag is gone: ModelOpt AutoCast writes a mixed-precision ONNX file
+      first (`python -m modelopt.onnx.autocast`), then a plain (always strongly typed) build.
+    - int8 on both: explicit quantization. The ONNX file must carry QuantizeLinear/DequantizeLinear pairs (ModelOpt's
+      `python -m modelopt.onnx.quantization --quantize_mode int8`, or ONNX Runtime's quantize_static with QDQ format);
+      10.x builds it with --stronglyTyped, 11.x as is. The implicit-calibration path (--int8 --calib) is gone in 11.x.
+    `shapes`: min_batch / opt_batch / max_batch, as for trtexec_command().
+    """
+    if precision not in ("fp32", "fp16", "int8"):
+        raise ValueError(f"precision is 'fp32', 'fp16' or 'int8', got {precision!r}")
+    onnx_path, engine_path = Path(str(onnx_path)), Path(str(engine_path))
+    steps, source = [], onnx_path
+    if precision == "fp16" and trt_major >= 11:
+        source = onnx_path.with_name(onnx_path.stem + "_fp16.onnx")
+        steps.append(" ".join(shlex.quote(p) for p in ("python", "-m", "modelopt.onnx.autocast",
+                                                          f"--onnx_path={onnx_path}", f"--output_path={source}")))
+    elif precision == "int8":
+        source = onnx_path.with_name(onnx_path.stem + "_int8_qdq.onnx")
+        steps.append(" ".join(shlex.quote(p) for p in (
+            "python", "-m", "modelopt.onnx.quantization", f"--onnx_path={onnx_path}", "--quantize_mode=int8",
+            "--calibration_data=calib.npy", "--calibration_method=max", f"--output_path={source}")))
+    steps.append(trtexec_command(source, engine_path, input_name=input_name, sample_shape=sample_shape,
+                                 fp16=precision == "fp16", strongly_typed=precision == "int8",
+                                 trt_major=min(trt_major, 11), **shapes))
+    return steps
 
 
 def build_engine(onnx_path, engine_path, *, input_name: str, sample_shape, min_batch: int = 1, opt_batch: int = 8,
@@ -88,8 +127,8 @@ def build_engine(onnx_path, engine_path, *, input_name: str, sample_shape, min_b
     """Parse an ONNX file and build a serialized TensorRT engine with one optimization profile (lesson 04).
 
     The profile covers batch sizes min_batch..max_batch and is tuned for opt_batch. fp16 enables half-precision kernels
-    (BuilderFlag.FP16 on TensorRT 10.x; on 11.x the flag no longer exists: give it an fp16 ONNX file from
-    utils.conversion.onnx_tools.to_fp16). Builds with detailed profiling verbosity so the engine inspector can show fused layers.
+    (BuilderFlag.FP16 on TensorRT 10.x; on 11.x the flag no longer exists: give it an fp16 ONNX file, from ModelOpt
+    AutoCast in production or utils.conversion.onnx_tools.to_fp16 for a quick blanket conversion). Builds with detailed profiling verbosity so the engine inspector can show fused layers.
     """
     trt = require_tensorrt()
     onnx_path, engine_path = Path(onnx_path), Path(engine_path)
