@@ -5,15 +5,14 @@ A small ResNet-18 at 16x16 keeps these tests quick; the lesson runs ResNet-50.
 
 import subprocess
 import sys
-
 import time
 
 import pytest
 import torch
 
-from utils.core.data import image_data
 from utils import training
 from utils.core import bench
+from utils.core.data import image_data
 
 SMALL = dict(batch_size=2, model="resnet18", lr=0.001)
 
@@ -91,11 +90,16 @@ def test_compare_and_try_fix(dataset):
         res = training.compare_loops({"slow": current}, min_run_time=0.01, rounds=1, verbose=False)
         assert isinstance(res["slow"], bench.BenchResult) and res["slow"].items == 2
         fix = training.Fix("no syncs", ("logging",), True, ({"host_syncs": False},))
-        trial = training.try_fix(current, fix, dataset, min_run_time=0.01, rounds=1, **SMALL)
+        trial = training.try_fix(current, fix, dataset, min_run_time=0.01, rounds=2, **SMALL)
         with trial.trainer:
             assert trial.trainer.config.host_syncs is False
-            assert trial.speedup == pytest.approx(trial.current_ms / trial.candidate_ms)
+            # the speedup is the median of the per-round ratios, and the current loop was timed in every round
+            rounds = trial.timings.round_ms
+            assert len(rounds["current loop"]) == 2 and trial.ratio.rounds == 2
+            assert trial.ratio.low <= trial.speedup <= trial.ratio.high
+            assert trial.speedup == pytest.approx(trial.timings.ratio("option 0: host_syncs=False").value)
             assert trial.current_ms == trial.timings["current loop"].median_ms
+            assert trial.verdict() in ("faster", "slower", "within noise")
             assert trial.label == "no syncs"
     with pytest.raises(TypeError, match="step callables"):
         training.compare_loops({"x": 3})
@@ -105,6 +109,25 @@ def test_compare_and_try_fix(dataset):
     assert calls and res["callable"].median_ms >= 2.0  # a 2 ms sleep per step cannot time faster than 2 ms
     with pytest.raises(ValueError, match="at least one"):
         training.compare_loops({})
+    with pytest.raises(ValueError, match="rounds"):
+        training.compare_loops({"callable": lambda: None}, rounds=0)
+
+
+def test_ceiling_is_the_targeted_phases():
+    fix = training.Fix("zeroing", ("zero_grad", "backward"), True, ({"set_to_none": True},))
+    saving, best = training.ceiling(fix, {"zero_grad": 1.0, "backward": 4.0, "forward": 5.0}, 20.0)
+    assert saving == 5.0 and best == pytest.approx(20.0 / 15.0)
+    with pytest.raises(ValueError, match="positive"):
+        training.ceiling(fix, {}, 0.0)
+
+
+def test_flush_log_writes_the_metrics_kept_on_the_device(dataset, tmp_path):
+    log = tmp_path / "fast.log"
+    with training.Trainer(dataset, training.LoopConfig(host_syncs=False), log_path=log, **SMALL) as tr:
+        tr.run(1)
+        assert tr.pending_metrics == [] and not log.exists()  # the switch keeps only the loss: nothing to log
+        tr.pending_metrics.append((7, torch.tensor([1.5, 0.25, 2.0])))
+    assert log.read_text().splitlines() == ["step 7 loss 1.5000 acc 0.250 grad_norm 2.000"]  # close() flushed it
 
 
 def test_trainer_rejects_bad_input(dataset):
@@ -201,3 +224,22 @@ def test_log_step_override_is_the_by_hand_fix(dataset):
             LossOnDevice(dataset, training.LoopConfig(), **SMALL) as by_hand:
         assert slow.run(2) == by_hand.run(2)
         assert not isinstance(by_hand.loss_history[0], float) or by_hand.losses()
+
+
+def test_allocator_ab_arithmetic_and_validation():
+    ab = training.allocator.AllocatorAB(default_ms=(120.0, 110.0), kept_ms=(100.0, 100.0),
+                                        default_faults=(2000.0, 2000.0), kept_faults=(0.0, 0.0))
+    assert ab.ratio.value == pytest.approx(1.15) and ab.ratio.interval == pytest.approx((1.1, 1.2))
+    assert ab.faults_saved == 2000 and ab.us_per_fault == pytest.approx(15_000 / 2000)
+    none_saved = training.allocator.AllocatorAB((1.0,), (1.0,), (5.0,), (5.0,))
+    assert none_saved.us_per_fault is None
+    with pytest.raises(ValueError, match="rounds"):
+        training.allocator_ab(n_images=8, image_size=16, batch_size=2, rounds=0)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="anonymous mmap page faults: measured on Linux")
+def test_minor_fault_us_is_a_positive_time_per_repeat():
+    costs = training.minor_fault_us(2, repeats=2)
+    assert len(costs) == 2 and all(0 < c < 10_000 for c in costs)  # microseconds, not seconds or nanoseconds
+    with pytest.raises(ValueError, match="positive"):
+        training.minor_fault_us(0)

@@ -86,6 +86,7 @@ def test_shapes_and_probes():
     assert shapes == [(2 * 4 * 4, 3 * 9, 8), (2, 128, 5)]
     for probe in (precision.gemm_probe(shapes, calls=2), precision.layer_probe(net, x, calls=2)):
         assert probe.fp32_ms > 0 and probe.low_ms > 0 and probe.ratio > 0 and "GFLOP/s" in str(probe)
+        assert probe.speedup.rounds == 2 and probe.speedup.low <= probe.ratio <= probe.speedup.high
     assert precision.cast_probe(net, calls=2) > 0
 
 

@@ -1,5 +1,9 @@
 """Lesson 03's ablation: each performance fix as the switches it turns on, tried one at a time against the current
 loop and kept only when it measurably helps (the profile-driven half of the lesson, after one fix done by hand).
+
+Every trial re-measures the current loop inside the same interleaved rounds as its candidates, so each fix's speedup
+is a bench.Ratio with an interval, judged by utils.core.verdict; ``ceiling`` states before the trial the most a fix
+can save: the time of the phases it targets.
 """
 
 from __future__ import annotations
@@ -9,10 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
-from utils.core import bench
+from utils.core import bench, verdict
 from utils.training.loop import LoopConfig, Trainer, compare_loops
 
-__all__ = ["Fix", "fixes", "FixTrial", "try_fix"]
+__all__ = ["Fix", "fixes", "FixTrial", "try_fix", "ceiling"]
 
 
 @dataclass(frozen=True)
@@ -47,7 +51,9 @@ def fixes(*, worker_choices=(1, 2), compile_backend: str = "inductor") -> list[F
     return [
         Fix("remove per-step host syncs", ("logging",), True, ({"host_syncs": False},)),
         Fix("remove needless copies", ("copy",), True, ({"needless_copies": False},)),
-        Fix("zero_grad(set_to_none=True)", ("zero_grad",), True, ({"set_to_none": True},)),
+        # zeroing writes every gradient, and then backward's AccumulateGrad reads it, adds and writes it back: with
+        # None it just stores the fresh gradient. So the saving lands in both phases
+        Fix("zero_grad(set_to_none=True)", ("zero_grad", "backward"), True, ({"set_to_none": True},)),
         Fix("fused optimizer (SGD fused=True)", ("optimizer",), False, ({"fused_optimizer": True},)),
         Fix("DataLoader workers" + (" + pin_memory" if cuda else ""), ("data", "to_device"), False, workers),
         Fix("channels_last", ("forward", "backward"), False, ({"channels_last": True},)),
@@ -59,17 +65,39 @@ def fixes(*, worker_choices=(1, 2), compile_backend: str = "inductor") -> list[F
     ]
 
 
+def ceiling(fix: Fix, phase_ms: dict, step_ms: float) -> tuple[float, float]:
+    """(most ms a fix can save per step, the largest speedup that allows) from a profile's phase times (lesson 03).
+
+    A fix changes only the phases it targets, so at best it removes all of their time: `phase_ms` is
+    profiling.phase_times of the loop it is applied to and `step_ms` that loop's step.
+    """
+    if not step_ms > 0:
+        raise ValueError(f"step_ms must be positive, got {step_ms!r}")
+    saving = min(sum(phase_ms.get(p, 0.0) for p in fix.phases), step_ms)
+    return saving, (step_ms / (step_ms - saving) if saving < step_ms else float("inf"))
+
+
 @dataclass
 class FixTrial:
-    """What try_fix() measured (lesson 03): the best candidate (a live Trainer), its speedup, every candidate's timing."""
+    """What try_fix() measured (lesson 03): the best candidate (a live Trainer), its speedup over the current loop
+    as a bench.Ratio from interleaved rounds, every candidate's timing (a bench.Comparison)."""
 
     fix: Fix
     trainer: Trainer
-    speedup: float
+    ratio: bench.Ratio
     current_ms: float
     candidate_ms: float
     first_step_ms: float
-    timings: dict
+    timings: bench.Comparison
+
+    @property
+    def speedup(self) -> float:
+        """The median of the per-round speedups (ratio.value)."""
+        return self.ratio.value
+
+    def verdict(self, threshold: float = verdict.DEFAULT_THRESHOLD) -> str:
+        """"faster", "slower" or "within noise" (utils.core.verdict.speed on the ratio's interval)."""
+        return verdict.speed(self.ratio, threshold)
 
     @property
     def label(self) -> str:
@@ -81,7 +109,8 @@ class FixTrial:
 
 def try_fix(current: Trainer, fix: Fix, dataset, *, min_run_time: float = 1.0, rounds: int = 2,
             **trainer_kwargs) -> FixTrial:
-    """Lesson 03's ablation step: build current.config + each option of `fix`, time them beside `current`, keep the best.
+    """Lesson 03's ablation step: build current.config + each option of `fix`, time them beside `current` in the same
+    interleaved rounds, return the best (by pooled median) with its speedup over `current` as a bench.Ratio.
 
     The other candidates are closed; the caller decides whether to keep the returned trainer (and closes it if not).
     `trainer_kwargs` go to Trainer (batch_size, device, lr, ...).
@@ -97,5 +126,5 @@ def try_fix(current: Trainer, fix: Fix, dataset, *, min_run_time: float = 1.0, r
     for name, tr in candidates.items():
         if name != best:
             tr.close()
-    cur_ms, best_ms = timings["current loop"].median_ms, timings[best].median_ms
-    return FixTrial(fix, candidates[best], cur_ms / best_ms, cur_ms, best_ms, first[best], timings)
+    return FixTrial(fix, candidates[best], timings.ratio(best), timings["current loop"].median_ms,
+                    timings[best].median_ms, first[best], timings)

@@ -13,8 +13,8 @@ Nsight. ``trainer.losses()`` returns the loss of every step, read back with a si
 does not sync per step.
 
 ``loop_source(config)`` prints the loop as a config runs it and ``fix_diff(a, b)`` what one fix changes;
-``compare_loops`` times loops side by side. ``python -m utils.training --config fast --steps 30 --nvtx`` runs the
-loop outside Jupyter (what nsys/ncu wrap).
+``compare_loops`` times loops side by side in interleaved rounds. ``python -m utils.training --config fast --steps 30
+--nvtx`` runs the loop outside Jupyter (what nsys/ncu wrap).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import copy
 import dataclasses
 import functools
 import os
+import statistics
 from dataclasses import dataclass
 
 import torch
@@ -39,11 +40,16 @@ __all__ = [
 ]
 
 
+LOG_EVERY = 10  # steps between two reads of metrics kept on the device (lesson 03's hand fix)
+
+
 @dataclass(frozen=True)
 class LoopConfig:
     """The switches of the training loop. The defaults are the slow loop; every field is one fix (lesson 03)."""
 
-    host_syncs: bool = True  # per step: loss.item(), accuracy.item(), a .item() per parameter's grad norm, a log line
+    # True: per step loss.item(), accuracy.item(), a norm + .item() per gradient tensor, a log line. False: only the
+    # loss is kept, as a tensor on the device (no accuracy, no gradient norm, no log line): no sync, and less work
+    host_syncs: bool = True
     needless_copies: bool = True  # clone the batch; deep-copy model + optimizer state after every step
     set_to_none: bool = False  # optimizer.zero_grad(set_to_none=...)
     fused_optimizer: bool = False  # SGD(fused=True): one kernel over all parameters instead of ~3 small ops per tensor
@@ -160,6 +166,7 @@ class Trainer:
         self.steps_done = 0
         self._log_path = log_path or env.build_dir() / "logs" / "lesson03_train.log"
         self._log = None
+        self.pending_metrics: list = []  # metrics kept on the device until the next flush_log()
 
     def setup(self, dataset, *, model, num_classes, seed, lr):
         """The model, the optimizer and the DataLoader, as the config asks."""
@@ -241,7 +248,7 @@ class Trainer:
             if cfg.host_syncs:
                 self.log_step(loss, logits, labels)
             else:
-                self.loss_history.append(loss.detach())  # stays on the device: no sync
+                self.loss_history.append(loss.detach())  # stays on the device: no sync (and no other metric)
         if cfg.needless_copies:
             with phase("copy"):  # "keep a checkpoint we can resume from, just in case": every step, in memory
                 self.checkpoint = copy.deepcopy({"model": self.net.state_dict(),
@@ -259,6 +266,23 @@ class Trainer:
         print(f"step {self.steps_done} loss {loss_value:.4f} acc {accuracy:.3f} grad_norm {grad_norm:.3f}",
               file=self._log, flush=True)
         self.loss_history.append(loss_value)
+
+    def flush_log(self) -> None:
+        """Read the metrics kept on the device back in one sync and write their log lines.
+
+        `pending_metrics` holds (step, tensor([loss, accuracy, grad_norm])) pairs that a loop keeping its metrics on
+        the device appended (lesson 03's hand fix); close() flushes what is left.
+        """
+        if not self.pending_metrics:
+            return
+        pending, self.pending_metrics = self.pending_metrics, []
+        steps, rows = [s for s, _ in pending], torch.stack([m for _, m in pending]).tolist()
+        if self._log is None:
+            self._log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log = open(self._log_path, "a")  # noqa: SIM115 (closed in close())
+        for step, (loss_value, accuracy, grad_norm) in zip(steps, rows, strict=True):
+            print(f"step {step} loss {loss_value:.4f} acc {accuracy:.3f} grad_norm {grad_norm:.3f}", file=self._log)
+        self._log.flush()
 
     # -- results and lifetime ------------------------------------------------------------------------------------
     def run(self, steps: int, progress: bool = False) -> list[float]:
@@ -290,6 +314,8 @@ class Trainer:
         for obj in (it, getattr(getattr(self, "loader", None), "_iterator", None)):
             if obj is not None and hasattr(obj, "_shutdown_workers"):
                 obj._shutdown_workers()
+        if getattr(self, "pending_metrics", None):
+            self.flush_log()
         if getattr(self, "_log", None) is not None:
             self._log.close()
             self._log = None
@@ -323,24 +349,31 @@ def fix_diff(before: LoopConfig, after: LoopConfig, *, context: int = 1) -> str:
 
 
 def compare_loops(loops: dict, *, min_run_time: float = 1.0, rounds: int = 2, baseline: str | None = None,
-                  verbose: bool = True) -> dict:
-    """Time each loop's step side by side (utils.core.bench.measure), round-robin `rounds` times (lesson 03).
+                  verbose: bool = True) -> bench.Comparison:
+    """Time each loop's step side by side in interleaved rounds (lesson 03): a bench.Comparison with intervals.
 
     A loop is a Trainer (its .step is timed) or a callable that runs one step (e.g. lesson 03's compute-bound step).
-    Before each round a trainer with workers first runs 2 * num_workers steps, so batches its workers prefetched while
-    another loop was being timed are used up and cannot flatter it (bench.measure's block-size estimate adds one
-    more untimed step). Returns {name: BenchResult}, keeping each loop's best round, and prints each one's speedup
-    over `baseline` (default: the first).
+    Every round times each loop once, in turn (bench.measure), so a burst on a shared machine hits every loop of
+    that round alike. Before each round a trainer with workers first runs 2 * num_workers steps, so batches its
+    workers prefetched while another loop was being timed are used up and cannot flatter it. Returns a
+    bench.Comparison: {name: BenchResult} pooling every round's blocks, and ``.ratio(name, over=...)``, a bench.Ratio
+    whose interval spans the per-round ratios. Prints each loop's time and its ratio over `baseline` (default: the
+    first) unless `verbose` is False.
     """
     if not loops:
         raise ValueError("compare_loops() needs at least one loop")
     bad = [k for k, t in loops.items() if not (isinstance(t, Trainer) or callable(t))]
     if bad:
         raise TypeError(f"compare_loops() takes Trainer objects or step callables; neither: {bad}")
+    if not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be a positive int, got {rounds!r}")
     baseline = baseline or next(iter(loops))
     if baseline not in loops:
         raise KeyError(f"baseline {baseline!r} is not among {list(loops)}")
-    best: dict = {}
+    round_ms: dict = {name: [] for name in loops}
+    blocks: dict = {name: [] for name in loops}
+    runs: dict = dict.fromkeys(loops, 0)
+    items: dict = dict.fromkeys(loops, 1)
     for _ in range(rounds):
         for name, loop in loops.items():
             if isinstance(loop, Trainer):
@@ -348,14 +381,21 @@ def compare_loops(loops: dict, *, min_run_time: float = 1.0, rounds: int = 2, ba
                                     min_run_time=min_run_time, items=loop.batch_size)
             else:
                 res = bench.measure(loop, label=name, warmup=1, min_run_time=min_run_time)
-            if name not in best or res.median_ms < best[name].median_ms:
-                best[name] = res
+            round_ms[name].append(res.median_ms)
+            blocks[name].extend(res.times_ms or (res.median_ms,))
+            runs[name] += res.runs
+            items[name] = res.items
+    pooled = {}
+    for name, times in blocks.items():
+        q = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
+        pooled[name] = bench.BenchResult(label=name, median_ms=statistics.median(times), iqr_ms=q[2] - q[0],
+                                         runs=runs[name], items=items[name], times_ms=tuple(times))
+    out = bench.Comparison(pooled, round_ms, baseline)
     if verbose:
-        base = best[baseline].median_ms
-        for name, res in best.items():
-            print(f"  {name:38s} {res.median_ms:9.1f} ms/step (IQR {res.iqr_ms:6.1f}, {res.runs} steps)"
-                  f"  {base / res.median_ms:5.2f}x vs {baseline}")
-    return best
+        for name, res in out.items():
+            tail = "baseline" if name == baseline else f"{out.ratio(name)} vs {baseline}"
+            print(f"  {name:38s} {res.median_ms:9.1f} ms/step (IQR {res.iqr_ms:6.1f}, {res.runs} steps)  {tail}")
+    return out
 
 
 def synthetic_step(batch_size: int, image_size: int, *, amp: bool = False, channels_last: bool = False,

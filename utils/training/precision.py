@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from utils.core import bench
 from utils.training import profiling
 
 __all__ = [
@@ -113,22 +114,33 @@ def _layer_calls(model, example) -> list[tuple]:
 
 @dataclass(frozen=True)
 class Probe:
-    """The fastest call of some work in fp32 and in a 16-bit `dtype` (lesson 03): the ratio is what 16 bits buy."""
+    """Some work timed in fp32 and in a 16-bit `dtype` in rounds (lesson 03): each round keeps each side's fastest
+    call; `fp32_ms`/`low_ms` are the fastest overall, `speedup` the per-round ratios as a bench.Ratio."""
 
     what: str
     dtype: str
     fp32_ms: float
     low_ms: float
     gflop: float = 0.0
+    fp32_rounds: tuple[float, ...] = ()
+    low_rounds: tuple[float, ...] = ()
+
+    @property
+    def speedup(self) -> bench.Ratio:
+        """fp32 time / 16-bit time with the spread of the rounds (one round when none were kept)."""
+        if not self.fp32_rounds:
+            return bench.Ratio.from_times([self.fp32_ms], [self.low_ms])
+        return bench.Ratio.from_times(self.fp32_rounds, self.low_rounds)
 
     @property
     def ratio(self) -> float:
-        return self.fp32_ms / self.low_ms
+        """The median of the per-round ratios (what the prediction uses)."""
+        return self.speedup.value
 
     def __str__(self) -> str:
         rate = (lambda ms: f" ({self.gflop / ms * 1e3:.0f} GFLOP/s)") if self.gflop else (lambda ms: "")
         return (f"{self.what}: fp32 {self.fp32_ms:.1f} ms{rate(self.fp32_ms)}, {self.dtype} {self.low_ms:.1f} ms"
-                f"{rate(self.low_ms)}: {self.ratio:.2f}x")
+                f"{rate(self.low_ms)}: {self.speedup}")
 
 
 def _check(dtype, calls) -> None:
@@ -138,11 +150,12 @@ def _check(dtype, calls) -> None:
         raise ValueError(f"calls must be a positive int, got {calls!r}")
 
 
-def _fastest(fp32_fn, low_fn, calls: int, device) -> tuple[float, float]:
-    """Run the two alternately `calls` times each; each keeps its fastest call (ms).
+def _fastest(fp32_fn, low_fn, calls: int, device, rounds: int = 1) -> tuple[list[float], list[float]]:
+    """Run the two alternately `calls` times each, split into `rounds`; per round each keeps its fastest call (ms).
 
     On a shared machine other programs only ever slow a call down, so the fastest of many short calls is the one
-    least disturbed (a median over long blocks would average the disturbance in).
+    least disturbed (a median over long blocks would average the disturbance in). The rounds give the ratio its
+    spread.
     """
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
 
@@ -155,13 +168,20 @@ def _fastest(fp32_fn, low_fn, calls: int, device) -> tuple[float, float]:
         return (time.perf_counter() - t0) * 1e3
 
     timed(fp32_fn), timed(low_fn)  # first calls: kernel selection, allocations
-    best32 = best16 = float("inf")
-    for _ in range(calls):
-        best32, best16 = min(best32, timed(fp32_fn)), min(best16, timed(low_fn))
+    rounds = max(1, min(rounds, calls))
+    best32, best16 = [float("inf")] * rounds, [float("inf")] * rounds
+    for i in range(calls):
+        r = i * rounds // calls
+        best32[r], best16[r] = min(best32[r], timed(fp32_fn)), min(best16[r], timed(low_fn))
     return best32, best16
 
 
-def gemm_probe(shapes, dtype=torch.bfloat16, *, device="cpu", calls: int = 20, seed: int = 0) -> Probe:
+def _probe(what, dtype, fp32_fn, low_fn, calls, device, rounds, gflop=0.0) -> Probe:
+    r32, r16 = _fastest(fp32_fn, low_fn, calls, device, rounds)
+    return Probe(what, str(dtype).removeprefix("torch."), min(r32), min(r16), gflop, tuple(r32), tuple(r16))
+
+
+def gemm_probe(shapes, dtype=torch.bfloat16, *, device="cpu", calls: int = 20, seed: int = 0, rounds: int = 5) -> Probe:
     """Plain matmuls of the given (M, K, N) shapes in fp32 and in `dtype`: the 16-bit units' best case (lesson 03)."""
     shapes = [tuple(int(v) for v in s) for s in shapes]
     if not shapes or any(len(s) != 3 or min(s) < 1 for s in shapes):
@@ -171,10 +191,9 @@ def gemm_probe(shapes, dtype=torch.bfloat16, *, device="cpu", calls: int = 20, s
     pairs32 = [(torch.randn(m, k, generator=gen).to(device), torch.randn(k, n, generator=gen).to(device))
                for m, k, n in shapes]
     pairs16 = [(a.to(dtype), b.to(dtype)) for a, b in pairs32]
-    fp32_ms, low_ms = _fastest(lambda: [a @ b for a, b in pairs32], lambda: [a @ b for a, b in pairs16], calls,
-                               device)
     gflop = sum(2 * m * k * n for m, k, n in shapes) / 1e9
-    return Probe("plain matmuls of the model's GEMM shapes", str(dtype).removeprefix("torch."), fp32_ms, low_ms, gflop)
+    return _probe("plain matmuls of the model's GEMM shapes", dtype, lambda: [a @ b for a, b in pairs32],
+                  lambda: [a @ b for a, b in pairs16], calls, device, rounds, gflop)
 
 
 def _run_layers(layers, dtype):
@@ -185,20 +204,22 @@ def _run_layers(layers, dtype):
             F.linear(x, w)
 
 
-def layer_probe(model, example, dtype=torch.bfloat16, *, calls: int = 20) -> Probe:
+def layer_probe(model, example, dtype=torch.bfloat16, *, calls: int = 20, rounds: int = 5) -> Probe:
     """The model's convolution and linear layers, each on the input it gets from `example`, in fp32 and `dtype`.
 
-    The same kernels the training step's forward runs (lesson 03), without the rest of the model around them.
+    The same kernels the training step's *forward* runs (lesson 03), without the rest of the model around them. The
+    backward's convolutions (input and weight gradients, about twice the forward's work) are not timed: using this
+    ratio for them assumes they gain what the forward gains.
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"layer_probe() needs a torch.nn.Module, got {type(model).__name__}")
     _check(dtype, calls)
     layers32 = [(m, x.float(), m.weight.detach().float()) for m, x, _ in _layer_calls(model, example)]
     layers16 = [(m, x.to(dtype), w.to(dtype)) for m, x, w in layers32]
-    fp32_ms, low_ms = _fastest(lambda: _run_layers(layers32, torch.float32), lambda: _run_layers(layers16, dtype),
-                               calls, example.device)
     gflop = sum(2 * m * k * n for m, k, n in gemm_shapes(model, example)) / 1e9
-    return Probe("the model's own conv and linear layers", str(dtype).removeprefix("torch."), fp32_ms, low_ms, gflop)
+    return _probe("the model's own conv and linear layers (forward only)", dtype,
+                  lambda: _run_layers(layers32, torch.float32), lambda: _run_layers(layers16, dtype), calls,
+                  example.device, rounds, gflop)
 
 
 def cast_probe(model, dtype=torch.bfloat16, *, calls: int = 10) -> float:
@@ -218,7 +239,7 @@ def cast_probe(model, dtype=torch.bfloat16, *, calls: int = 10) -> float:
             w.to(dtype)
             g.float()
 
-    return _fastest(casts, lambda: None, calls, device)[0]
+    return min(_fastest(casts, lambda: None, calls, device)[0])
 
 
 def matmul_share(profile, phases=("forward", "backward")) -> float:
