@@ -18,14 +18,12 @@ torch is imported inside the functions, so importing this module is free.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import gc
 import itertools
 import json
 import os
 import pickletools
-import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterable, Sequence
@@ -47,8 +45,6 @@ __all__ = [
     "Sweep",
     "throughput_sweep",
     "activation_sizes",
-    "last_level_cache_bytes",
-    "native_logs_silenced",
     "cold_start",
     "path_size_bytes",
     "size_table",
@@ -336,26 +332,6 @@ def activation_sizes(model, x) -> list[int]:
     if not sizes:
         raise ValueError(f"{type(model).__name__} has no leaf module returning a tensor: nothing to count")
     return sizes
-
-
-def last_level_cache_bytes() -> int | None:
-    """Size of the largest CPU cache (usually the L3 one core sees) from sysfs, or None where it cannot be read
-    (lesson 01: a batch's activations against it)."""
-    best = None
-    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
-        m = re.fullmatch(r"(\d+)([KMG]?)", path.read_text().strip())
-        if m:
-            best = max(best or 0, int(m.group(1)) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[m.group(2)])
-    return best
-
-
-@contextlib.contextmanager
-def native_logs_silenced():
-    """Hide what C++ libraries write straight to file descriptors 1 and 2 while the block runs (lesson 01):
-    TensorFlow's start-up log (its oneDNN notice, and on a machine without a GPU an E-level "failed call to cuInit")
-    goes around Python's logging, so TF_CPP_MIN_LOG_LEVEL no longer hides it. Python exceptions still propagate."""
-    with onnx_io._fds_captured():
-        yield
 
 
 def cold_start(model: str = "resnet18", *, batch: int = 1, image_size: int = 224, device: str = "cpu",

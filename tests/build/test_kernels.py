@@ -43,7 +43,7 @@ def test_capability_cflags_match_the_capability():
 
 
 def test_last_level_cache_is_a_size_or_unknown():
-    size = kernels.last_level_cache_bytes()
+    size = env.last_level_cache_bytes()
     assert size is None or size >= 2**16
 
 

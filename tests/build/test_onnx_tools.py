@@ -199,10 +199,10 @@ def test_native_logs_silenced_hides_fd_writes(capfd):
 
     from utils.conversion import onnx_tools as tools
 
-    with tools.native_logs_silenced():
+    with onnx_io.native_logs_silenced():
         os.write(2, b"E0000 failed call to cuInit\n")
     os.write(2, b"after\n")
     err = capfd.readouterr().err
     assert "cuInit" not in err and "after" in err
-    with pytest.raises(ValueError), tools.native_logs_silenced():
+    with pytest.raises(ValueError), onnx_io.native_logs_silenced():
         raise ValueError("exceptions still propagate")

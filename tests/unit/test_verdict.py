@@ -54,3 +54,9 @@ def test_prediction_line_and_bad_range():
         verdict.prediction(1.0, 2.0, 1.0)
     with pytest.raises(TypeError, match="bench.Ratio or a number"):
         verdict.prediction("fast", 1.0, 2.0)
+
+
+def test_one_round_has_no_spread_to_judge():
+    one = Ratio(2.0, 2.0, 2.0, rounds=1)
+    assert verdict.speed(one) == "within noise" and "one round" in verdict.speed_line("a", one, "b")
+    assert verdict.prediction(one, 1.0, 3.0) == "undecided"

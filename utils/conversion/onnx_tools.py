@@ -8,12 +8,11 @@ Everything here imports torch / onnx / onnxruntime inside the functions, so impo
 from __future__ import annotations
 
 import collections
-import contextlib
 from pathlib import Path
 
-from utils.core.onnx_io import _fds_captured, as_path, export_model, ort_session, parity, to_numpy
+from utils.core.onnx_io import as_path, export_model, ort_session, parity, to_numpy
 
-__all__ = ["load_model", "op_histogram", "node_count", "optimized_graph", "check_model", "calibration_reader", "to_fp16", "native_logs_silenced",
+__all__ = ["load_model", "op_histogram", "node_count", "optimized_graph", "check_model", "calibration_reader", "to_fp16",
            "warmup"]
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -123,16 +122,6 @@ def to_fp16(path, out_path, *, keep_io_types: bool = True) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(half, str(out))
     return out
-
-
-@contextlib.contextmanager
-def native_logs_silenced():
-    """Hide what C++ libraries write straight to file descriptors 1 and 2 while the block runs (lesson 04): TensorFlow's
-    import-time CUDA probe (an E-level "failed call to cuInit" line on machines without a GPU) and oneDNN notice, the
-    TFLite converter's log. Python exceptions still propagate; Python-level prints inside the block are not affected
-    in Jupyter (they do not go through the file descriptors there)."""
-    with _fds_captured():
-        yield
 
 
 def warmup() -> str:

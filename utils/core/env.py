@@ -15,6 +15,7 @@ import importlib.metadata
 import importlib.util
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -230,6 +231,17 @@ def _torchserve() -> Capability:
     if problems:
         return Capability("torchserve", False, "; ".join(problems))
     return Capability("torchserve", True, ", ".join(f"{d} {f[1]}" for d, f in found.items()) + ", " + java_text)
+
+
+def last_level_cache_bytes() -> int | None:
+    """Size of the largest CPU cache (usually the L3 one core sees) from sysfs, or None where it cannot be read.
+    Lessons 00, 01 and 06 size their out-of-cache probes and activations against it."""
+    best = None
+    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        m = re.fullmatch(r"(\d+)([KMG]?)", path.read_text().strip())
+        if m:
+            best = max(best or 0, int(m.group(1)) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[m.group(2)])
+    return best
 
 
 def nginx_binary() -> str | None:

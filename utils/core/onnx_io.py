@@ -120,6 +120,15 @@ def export_minilm(path, *, opset: int = 17, dynamo: bool = False, model=None) ->
 
 
 @contextlib.contextmanager
+def native_logs_silenced():
+    """Hide what C++ libraries write straight to file descriptors 1 and 2 while the block runs (lessons 01 and 04):
+    TensorFlow's import-time CUDA probe (an E-level "failed call to cuInit" on machines without a GPU) and oneDNN
+    notice, the TFLite converter's log. Python exceptions still propagate."""
+    with _fds_captured():
+        yield
+
+
+@contextlib.contextmanager
 def _fds_captured():
     """Send file descriptors 1 and 2 to a temporary file for the duration: the legacy exporter's C++ log (its "Torch
     IR graph at exception" dump, switched on by a torch bug) writes there, around Python's sys.stdout/stderr."""

@@ -4,7 +4,7 @@ Two questions, each with three answers, and no verdict is ever written by hand:
 
 - ``speed(ratio, threshold)``: is one side faster? "faster" when the whole interval of the speedup lies above the
   threshold, "slower" when it lies below 1/threshold, "within noise" otherwise (and whenever a timing is too noisy
-  to judge: IQR above bench.MAX_IQR_FRACTION of its median).
+  to judge: IQR above bench.MAX_IQR_FRACTION of its median, or measured in a single round).
 - ``prediction(measured, low, high)``: did a prediction stated before the measurement hold? "held" when the whole
   measured interval lies inside the predicted range, "did not hold" when it lies wholly outside, "undecided" when it
   straddles an edge (or the timing is too noisy).
@@ -42,7 +42,7 @@ def speed(ratio: Ratio, threshold: float = DEFAULT_THRESHOLD) -> str:
                         "measure both sides with bench.compare(...) and pass .ratio(name)")
     if threshold < 1:
         raise ValueError(f"threshold is a speedup line >= 1 (e.g. 1.05), got {threshold}")
-    if ratio.noisy:
+    if ratio.noisy or ratio.rounds < 2:  # one round has no spread to judge against
         return NOISE
     if ratio.low > threshold:
         return FASTER
@@ -57,6 +57,8 @@ def speed_line(name: str, ratio: Ratio, baseline: str, threshold: float = DEFAUL
     line = f"{name} vs {baseline}: {ratio} -> {word} (line {threshold:.2f}x either way)"
     if ratio.noisy:
         line += f"; too noisy to judge ({ratio.noisy})"
+    elif ratio.rounds < 2:
+        line += "; one round: no spread to judge against"
     if ratio.caveat:
         line += f"; not like for like: {ratio.caveat}"
     return line
@@ -69,7 +71,7 @@ def prediction(measured, low: float, high: float | None = None) -> str:
         raise ValueError(f"the predicted range needs low <= high, got [{low}, {high}]")
     _, lo, hi, noisy = _interval(measured)
     top = float("inf") if high is None else high
-    if noisy:
+    if noisy or (isinstance(measured, Ratio) and measured.rounds < 2):
         return UNDECIDED
     if low <= lo and hi <= top:
         return HELD

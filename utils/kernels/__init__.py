@@ -33,7 +33,6 @@ __all__ = [
     "CompileCheck",
     "cpu_capability",
     "capability_cflags",
-    "last_level_cache_bytes",
     "build",
     "compile_check_cuda",
     "source_excerpt",
@@ -77,17 +76,6 @@ def capability_cflags(capability: str) -> list[str]:
     if capability == "AVX2":
         return ["-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2", "-mavx2", "-mfma", "-mf16c"]
     return []
-
-
-def last_level_cache_bytes() -> int | None:
-    """Size of the largest CPU cache (usually the L3) from sysfs, or None where it cannot be read (lesson 06)."""
-    best = None
-    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
-        m = re.fullmatch(r"(\d+)([KMG]?)", path.read_text().strip())
-        if m:
-            size = int(m.group(1)) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[m.group(2)]
-            best = max(best or 0, size)
-    return best
 
 
 @dataclass
