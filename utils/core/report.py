@@ -139,7 +139,7 @@ def record(name: str, value: Any, unit: str = "", note: str = "", anchor: str = 
     with its setup, e.g. "1.8x BERT-base CPU batch 1 seq 128 (onnxruntime transformers notebook)".
     """
     if not isinstance(name, str) or not name.isidentifier():
-        raise ValueError(f"metric names are identifiers like 'cpu_copy_gbps', got {name!r}")
+        raise ValueError(f"metric names are identifiers like 'copy_into_gbps_dram', got {name!r}")
     cur = current()
     given = value
     if isinstance(value, Ratio):
