@@ -77,3 +77,12 @@ def test_copy_into_is_the_roof_and_clone_pays_allocation():
     # correctness of the probes' arithmetic only: both return a positive bandwidth for the bytes moved
     assert bench.copy_into_gbps(1 << 16, min_run_time=0.02) > 0
     assert bench.clone_gbps(1 << 16, min_run_time=0.02) > 0
+
+
+def test_compare_gives_one_callable_its_own_warmup_every_round():
+    calls = {"a": 0, "b": 0}
+    fns = {"a": lambda: calls.__setitem__("a", calls["a"] + 1), "b": lambda: calls.__setitem__("b", calls["b"] + 1)}
+    out = bench.compare(fns, rounds=2, min_run_time=0.001, warmup=0, warmup_each_round=True,
+                        per_fn={"b": {"items": 4}}, quiet=True)
+    assert out["b"].items == 4 and out["a"].items == 1
+    assert set(out.round_ms) == {"a", "b"} and all(len(v) == 2 for v in out.round_ms.values())

@@ -183,6 +183,8 @@ def compare(
     rounds: int = 5,
     min_run_time: float = 0.12,
     warmup: int = 3,
+    warmup_each_round: bool = False,
+    per_fn: dict[str, dict] | None = None,
     quiet: bool = False,
     **kwargs,
 ) -> Comparison:
@@ -190,7 +192,8 @@ def compare(
 
     Returns a Comparison {name: BenchResult} whose ``ratio(name)`` is the speedup over `baseline` (default: the first
     entry) with its interval from the rounds. Prints each result and its ratio unless `quiet`. Warm-up calls run in
-    the first round only. `min_run_time` is per round.
+    the first round only (every round with `warmup_each_round`). `min_run_time` is per round. `per_fn` gives one
+    callable its own measure() arguments (e.g. {"loop": {"warmup": 4, "items": 8}}), over the shared ones.
     """
     if not fns:
         raise ValueError("compare() needs at least one callable")
@@ -205,7 +208,10 @@ def compare(
     items: dict[str, int] = {}
     for r in range(rounds):
         for name, fn in fns.items():
-            res = measure(fn, label=name, warmup=warmup if r == 0 else 0, min_run_time=min_run_time, **kwargs)
+            kw = {"warmup": warmup, "min_run_time": min_run_time, **kwargs, **(per_fn or {}).get(name, {})}
+            if r > 0 and not warmup_each_round:
+                kw["warmup"] = 0
+            res = measure(fn, label=name, **kw)
             round_ms[name].append(res.median_ms)
             blocks[name].extend(res.times_ms or (res.median_ms,))
             runs[name] += res.runs

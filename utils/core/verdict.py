@@ -83,8 +83,11 @@ def prediction(measured, low: float, high: float | None = None) -> str:
 def prediction_line(what: str, measured, low: float, high: float | None = None, unit: str = "x") -> str:
     """One printed line: '<what>: predicted 1.10-1.50x, measured 1.34x [...] -> held'."""
     word = prediction(measured, low, high)
-    rng = f"at least {low:.3g}{unit}" if high is None else f"{low:.3g}-{high:.3g}{unit}"
-    shown = str(measured) if isinstance(measured, Ratio) else f"{float(measured):.3g}{unit}"
+    rng = f"at least {low:.4g}{unit}" if high is None else f"{low:.4g}-{high:.4g}{unit}"
+    if isinstance(measured, Ratio):  # three decimals: an edge of the range must read as the verdict reads it
+        shown = f"{measured.value:.3f}x [{measured.low:.3f}-{measured.high:.3f}, {measured.rounds} rounds]"
+    else:
+        shown = f"{float(measured):.4g}{unit}"
     line = f"{what}: predicted {rng}, measured {shown} -> {word}"
     if isinstance(measured, Ratio) and measured.noisy:
         line += f" (too noisy to judge: {measured.noisy})"

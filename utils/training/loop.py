@@ -24,7 +24,6 @@ import copy
 import dataclasses
 import functools
 import os
-import statistics
 from dataclasses import dataclass
 
 import torch
@@ -370,27 +369,11 @@ def compare_loops(loops: dict, *, min_run_time: float = 1.0, rounds: int = 2, ba
     baseline = baseline or next(iter(loops))
     if baseline not in loops:
         raise KeyError(f"baseline {baseline!r} is not among {list(loops)}")
-    round_ms: dict = {name: [] for name in loops}
-    blocks: dict = {name: [] for name in loops}
-    runs: dict = dict.fromkeys(loops, 0)
-    items: dict = dict.fromkeys(loops, 1)
-    for _ in range(rounds):
-        for name, loop in loops.items():
-            if isinstance(loop, Trainer):
-                res = bench.measure(loop.step, label=name, warmup=2 * loop.config.num_workers,
-                                    min_run_time=min_run_time, items=loop.batch_size)
-            else:
-                res = bench.measure(loop, label=name, warmup=1, min_run_time=min_run_time)
-            round_ms[name].append(res.median_ms)
-            blocks[name].extend(res.times_ms or (res.median_ms,))
-            runs[name] += res.runs
-            items[name] = res.items
-    pooled = {}
-    for name, times in blocks.items():
-        q = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
-        pooled[name] = bench.BenchResult(label=name, median_ms=statistics.median(times), iqr_ms=q[2] - q[0],
-                                         runs=runs[name], items=items[name], times_ms=tuple(times))
-    out = bench.Comparison(pooled, round_ms, baseline)
+    fns = {name: loop.step if isinstance(loop, Trainer) else loop for name, loop in loops.items()}
+    per_fn = {name: ({"warmup": 2 * loop.config.num_workers, "items": loop.batch_size} if isinstance(loop, Trainer)
+                     else {"warmup": 1}) for name, loop in loops.items()}
+    out = bench.compare(fns, baseline, rounds=rounds, min_run_time=min_run_time, warmup_each_round=True,
+                        per_fn=per_fn, quiet=True)
     if verbose:
         for name, res in out.items():
             tail = "baseline" if name == baseline else f"{out.ratio(name)} vs {baseline}"
