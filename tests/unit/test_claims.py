@@ -90,6 +90,8 @@ def test_an_interval_across_the_claimed_edge_is_undecided():
     base = {"02_graphs": {"metrics": {"freeze_speedup_resnet50": 1.12}, "intervals": {"freeze_speedup_resnet50": [1.04, 1.2]}}}
     row = _by_id(claims.evaluate(_results(**base)))["torchscript-speedup"]
     assert row.verdict == "undecided" and "crosses" in row.reason and "[1.04-1.2]" in row.measured
+    base["02_graphs"]["intervals"]["freeze_speedup_resnet50"] = [1.2, 1.4]  # across the high edge: undecided too
+    assert _by_id(claims.evaluate(_results(**base)))["torchscript-speedup"].verdict == "undecided"
     base["02_graphs"]["intervals"]["freeze_speedup_resnet50"] = [1.11, 1.2]
     assert _by_id(claims.evaluate(_results(**base)))["torchscript-speedup"].verdict == "holds"
     base["02_graphs"]["intervals"]["freeze_speedup_resnet50"] = [0.9, 1.12]

@@ -7,7 +7,8 @@ the range it states. ``evaluate()`` returns one ``ClaimResult`` per claim with t
 - ``holds``: the measurement falls inside the claimed range;
 - ``holds (beyond the claimed range)``: better than claimed (e.g. a 1.9x speedup against "10-30% faster");
 - ``does not hold``: below the range;
-- ``undecided``: the measurement's interval (from its interleaved rounds) straddles the low edge of the range;
+- ``undecided``: the measurement's interval (from its interleaved rounds) straddles an edge of the range (the same
+  rule as utils.core.verdict.prediction, which the lessons print);
 - ``not measurable here``: the lesson ran but skipped the section that measures it (the reason is given);
 - ``not run``: the lesson that measures it has no results yet.
 
@@ -244,19 +245,22 @@ def _evaluate_one(c: Claim, results: dict[str, dict]) -> ClaimResult:
     note = ""
     if c.kind == "ratio" and 0 < value < 1:
         value, lo, hi, note = 1 / value, 1 / hi, 1 / lo, f" (recorded as {raw:.3g}, read as its inverse)"
+    # one rule with the lessons' own verdicts (utils.core.verdict.prediction): the whole interval inside the claimed
+    # range holds, wholly below fails, wholly above holds beyond the range, straddling an edge is undecided
     if hi < c.low:
         verdict = FAILS
-    elif lo < c.low:
-        verdict = UNDECIDED
-    elif c.high is not None and value > c.high:
+    elif c.high is not None and lo > c.high:
         verdict = BEYOND
-    else:
+    elif lo >= c.low and (c.high is None or hi <= c.high):
         verdict = HOLDS
+    else:
+        verdict = UNDECIDED
     unit = c.unit if c.kind == "ratio" else (data.get("units", {}).get(metric, "") or c.unit)
     shown = f"{value:.3g} {c.unit}" + (f" [{lo:.3g}-{hi:.3g}]" if (lo, hi) != (value, value) else "")
     reason = f"measured {shown} against the claimed {_range(c)}{note}"
     if verdict == UNDECIDED:
-        reason += f": the interval crosses the claimed {c.low:.3g}{c.unit}"
+        edge = c.low if lo < c.low else c.high
+        reason += f": the interval crosses the claimed range's edge at {edge:.3g} {c.unit}"
     if c.prediction:
         reason += _prediction_note(c, results)
     if mode == "smoke":
