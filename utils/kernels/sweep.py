@@ -136,7 +136,9 @@ def ratio_over(rows: list[dict], name: str, over: str, *, caveat: str = "") -> b
 
     Each round gives one geometric mean over the row lengths of time(over) / time(name); the Ratio is the median of
     those with their min..max as its interval. With `over` a roof ("copy"), it is the fraction of the roof reached.
-    A timing whose IQR exceeds bench.MAX_IQR_FRACTION of its median at any row length marks the Ratio noisy.
+    The geometric mean is too noisy to judge when the timings of more than a quarter of the row lengths are (IQR above
+    bench.MAX_IQR_FRACTION of the median); fewer noisy points (the sweep's table shows
+    each point's IQR) do not void the verdict.
     """
     _require(rows, name, over)
     rounds = min(len(r["round_ms"][k]) for r in rows for k in (name, over))
@@ -144,5 +146,8 @@ def ratio_over(rows: list[dict], name: str, over: str, *, caveat: str = "") -> b
                  for i in range(rounds)]
     noisy = [f"{k} at n={r['n']}: IQR {r['iqr'][k]:.0%} of the median" for r in rows for k in (over, name)
              if r["iqr"].get(k, 0.0) > bench.MAX_IQR_FRACTION]
-    noisy = "; ".join(noisy[:3]) + (f"; {len(noisy) - 3} more" if len(noisy) > 3 else "")
-    return bench.Ratio.from_samples(per_round, noisy=noisy, caveat=caveat)
+    noisy_rows = {r["n"] for r in rows for k in (over, name) if r["iqr"].get(k, 0.0) > bench.MAX_IQR_FRACTION}
+    text = "; ".join(noisy[:3]) + (f"; {len(noisy) - 3} more" if len(noisy) > 3 else "")
+    if len(noisy_rows) <= len(rows) / 4:  # the sweep's table shows each point's IQR
+        text = ""
+    return bench.Ratio.from_samples(per_round, noisy=text, caveat=caveat)
