@@ -19,6 +19,7 @@ torch is imported inside the functions, so importing this module is free.
 from __future__ import annotations
 
 import ctypes
+import functools
 import gc
 import itertools
 import json
@@ -278,11 +279,9 @@ def throughput_sweep(model, batch_sizes: Sequence[int], make_input: Callable[[in
                      min_run_time: float = 0.5, warmup: int = 2) -> Sweep:
     """Time model(make_input(bs)) under torch.inference_mode() for each batch size, interleaved (lesson 01).
 
-    Every round times each batch size once, in turn (warm-up calls in the first round only), so a busy neighbour or
-    a slow drift hits all batch sizes alike; `min_run_time` is per batch size and round. Returns a Sweep.
+    Every round times each batch size once, in turn (bench.compare: warm-up calls in the first round only), so a busy
+    neighbour or a slow drift hits all batch sizes alike; `min_run_time` is per batch size and round. Returns a Sweep.
     """
-    import statistics
-
     import torch
 
     sizes = list(batch_sizes)
@@ -291,20 +290,17 @@ def throughput_sweep(model, batch_sizes: Sequence[int], make_input: Callable[[in
     if len(set(sizes)) != len(sizes) or rounds < 1:
         raise ValueError(f"batch_sizes must be distinct and rounds >= 1, got {sizes!r} and rounds={rounds}")
     inputs = {bs: make_input(bs) for bs in sizes}
-    round_ms: dict[int, list[float]] = {bs: [] for bs in sizes}
-    blocks: dict[int, list[float]] = {bs: [] for bs in sizes}
-    for r in range(rounds):
-        for bs in sizes:
-            with torch.inference_mode():
-                res = bench.measure(lambda x=inputs[bs]: model(x), label=f"batch {bs}",
-                                    warmup=warmup if r == 0 else 0, min_run_time=min_run_time, items=bs)
-            round_ms[bs].append(res.median_ms)
-            blocks[bs].extend(res.times_ms or (res.median_ms,))
-    results = {}
-    for bs, times in blocks.items():
-        q = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
-        results[bs] = bench.BenchResult(label=f"batch {bs}", median_ms=statistics.median(times), iqr_ms=q[2] - q[0],
-                                        runs=len(times), items=bs, times_ms=tuple(times))
+
+    def run(x):
+        with torch.inference_mode():
+            return model(x)
+
+    labels = {bs: f"batch {bs}" for bs in sizes}
+    cmp = bench.compare({labels[bs]: functools.partial(run, inputs[bs]) for bs in sizes}, rounds=rounds,
+                        min_run_time=min_run_time, warmup=warmup, per_fn={labels[bs]: {"items": bs} for bs in sizes},
+                        quiet=True)
+    results = {bs: cmp[labels[bs]] for bs in sizes}
+    round_ms = {bs: cmp.round_ms[labels[bs]] for bs in sizes}
     return Sweep(results, round_ms)
 
 
