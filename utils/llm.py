@@ -44,10 +44,12 @@ __all__ = [
     "PagedKVCache", "reserved_slots", "Int8Linear", "quantize_int8", "linear_weight_bytes",
 ]
 
+env.quiet_profiler_log()  # decode_profile runs torch.profiler: no Kineto lines on a CPU machine
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # the model
 # ---------------------------------------------------------------------------------------------------------------------
-
 
 @dataclass(frozen=True)
 class GPTConfig:

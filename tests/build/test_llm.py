@@ -356,7 +356,7 @@ def test_tiny_gpt_trains_and_caches(tmp_path, monkeypatch):
         assert torch.equal(p, p2)
 
 
-def test_lab08_checks_explain_wrong_answers(tmp_path, monkeypatch):
+def test_lab07_checks_explain_wrong_answers(tmp_path, monkeypatch):
     from utils.checks import LabCheckFailed, lab07
 
     monkeypatch.setenv("WORKBOOK_BUILD_DIR", str(tmp_path))
@@ -378,6 +378,34 @@ def test_lab08_checks_explain_wrong_answers(tmp_path, monkeypatch):
 
     with pytest.raises(LabCheckFailed, match="did not get all their tokens"):
         lab07.check_scheduler(never_releases, model, tok, n_requests=6, max_batch=2, rounds=1)
+
+
+def test_lab07_kv_check_catches_a_wrong_position_when_the_lab_model_repeats_one_token(tmp_path, monkeypatch):
+    """Smoke mode's briefly trained model predicts the same token everywhere, so token parity on it alone passes a
+    cache that embeds every new token at position 0; the untrained twin's tokens depend on the context."""
+    from utils.checks import LabCheckFailed, lab07
+
+    monkeypatch.setenv("WORKBOOK_BUILD_DIR", str(tmp_path))
+    model, tok = lab07.lab_model(smoke=True)  # 10 training steps, as the lab in smoke mode
+
+    def position_zero(model, prompt, n_new):
+        keys, values, new, out = [None] * len(model.blocks), [None] * len(model.blocks), prompt, []
+        with torch.inference_mode():
+            for _ in range(n_new):
+                x = model.embed(new, 0)  # the bug: every step's token embedded at position 0
+                for i, block in enumerate(model.blocks):
+                    q, k, v = block.project(x)
+                    keys[i] = k if keys[i] is None else torch.cat([keys[i], k], dim=2)
+                    values[i] = v if values[i] is None else torch.cat([values[i], v], dim=2)
+                    x = block.finish(x, F.scaled_dot_product_attention(q, keys[i], values[i], is_causal=q.shape[2] > 1))
+                new = model.logits(x[:, -1:]).argmax(dim=-1)
+                out.append(new)
+        return torch.cat(out, dim=1)
+
+    for prompt in lab07._prompts(tok).values():  # the premise: on the lab's model alone the bug goes unseen
+        assert torch.equal(position_zero(model, prompt, 25), llm.generate(model, prompt, 25))
+    with pytest.raises(LabCheckFailed, match="untrained twin"):
+        lab07.check_kv_cache(position_zero, model, tok, max_len=40, rounds=1)
 
 
 @pytest.mark.parametrize("steps", [1, 2, 10])

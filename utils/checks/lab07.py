@@ -30,23 +30,34 @@ def _prompts(tok):
     }
 
 
+def untrained_twin(model):
+    """A TinyGPT of the same sizes with seeded random weights. Its greedy tokens change with every context, so a
+    cache read at a wrong position or a wrong mask changes them; a briefly trained model (smoke mode's 10 steps)
+    predicts one token everywhere and cannot tell."""
+    torch.manual_seed(0)
+    return llm.TinyGPT(model.cfg).eval()
+
+
 def check_kv_cache(generate_with_cache, model, tok, max_len: int = 256, rounds: int = 2) -> float:
-    """Same greedy tokens as llm.generate; then the per-token time at the longest position, against llm.generate."""
-    for name, prompt in _prompts(tok).items():
-        for n_new in (1, 25):
-            want = llm.generate(model, prompt, n_new)
-            got = call(generate_with_cache, model, prompt, n_new, what="generate_with_cache(model, prompt, n_new)")
-            expect(isinstance(got, torch.Tensor),
-                   f"generate_with_cache should return a tensor of new tokens, got {type(got).__name__}")
-            expect(tuple(got.shape) == tuple(want.shape),
-                   f"{name}, n_new={n_new}: expected new tokens of shape {tuple(want.shape)} (batch, n_new), got "
-                   f"{tuple(got.shape)}. Return only the generated tokens, not the prompt.")
-            if not torch.equal(got.cpu(), want):
-                step = int((got.cpu() != want).any(dim=0).nonzero()[0])
-                raise LabCheckFailed(
-                    f"{name}, n_new={n_new}: your tokens differ from the reference from step {step} on. Check that "
-                    "each step embeds the new tokens at their real positions (start = tokens already cached), "
-                    "appends k and v along the time axis (dim=2), and attends causally only in the prefill.")
+    """Same greedy tokens as llm.generate, on the lab's model and on its untrained twin (whose tokens depend on the
+    context); then the per-token time at the longest position, against llm.generate."""
+    for label, m in (("lab model", model), ("untrained twin", untrained_twin(model))):
+        for name, prompt in _prompts(tok).items():
+            for n_new in (1, 25):
+                want = llm.generate(m, prompt, n_new)
+                got = call(generate_with_cache, m, prompt, n_new, what="generate_with_cache(model, prompt, n_new)")
+                expect(isinstance(got, torch.Tensor),
+                       f"generate_with_cache should return a tensor of new tokens, got {type(got).__name__}")
+                expect(tuple(got.shape) == tuple(want.shape),
+                       f"{label}, {name}, n_new={n_new}: expected new tokens of shape {tuple(want.shape)} (batch, "
+                       f"n_new), got {tuple(got.shape)}. Return only the generated tokens, not the prompt.")
+                if not torch.equal(got.cpu(), want):
+                    step = int((got.cpu() != want).any(dim=0).nonzero()[0])
+                    raise LabCheckFailed(
+                        f"{label}, {name}, n_new={n_new}: your tokens differ from the reference from step {step} on. "
+                        "Check that each step embeds the new tokens at their real positions (start = tokens already "
+                        "cached), appends k and v along the time axis (dim=2), and attends causally only in the "
+                        "prefill.")
     prompt = _prompts(tok)["one prompt of 9 tokens"][:, :8]
     n_steps = max_len - prompt.shape[1]
     runs = {"reference": [], "yours": []}
@@ -64,7 +75,7 @@ def check_kv_cache(generate_with_cache, model, tok, max_len: int = 256, rounds: 
     expect(speedup >= MIN_KV_SPEEDUP,
            f"your loop is {speedup:.2f}x the reference per token at position ~{max_len} (needs >= {MIN_KV_SPEEDUP}x): "
            "each decode step should run only the newest token through the model, not the whole sequence")
-    passed("KV cache", f"identical greedy tokens on {len(_prompts(tok))} prompt sets; {speedup:.1f}x faster per token "
+    passed("KV cache", f"identical greedy tokens on {len(_prompts(tok))} prompt sets, trained and untrained weights; {speedup:.1f}x faster per token "
            f"than the uncached loop at position ~{max_len}, measured side by side")
     return speedup
 

@@ -244,6 +244,16 @@ def last_level_cache_bytes() -> int | None:
     return best
 
 
+def quiet_profiler_log() -> None:
+    """Without a GPU, silence Kineto, torch.profiler's C++ side (lessons 03, 07, 08). It reads KINETO_LOG_LEVEL once,
+    at the first profiler start in a process, and otherwise writes profiler_start/stop and a failed GPU probe
+    straight to stderr. A value you set yourself wins; on a GPU machine the log stays (CUPTI errors matter there)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+
+
 def nginx_binary() -> str | None:
     """The nginx binary lesson 05's proxy section runs (05.proxy-limit): on PATH, in /usr/sbin, or unpacked by
     scripts/fetch_nginx.sh into the course cache. None where there is none."""

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from utils.core import claims, env, report
+from utils.core.onnx_io import native_logs_silenced
 from utils.interview.bank import Question, get
 
 __all__ = ["ProofResult", "session_results", "run_proof", "recorded", "locate", "import_order_guard"]
@@ -74,7 +75,9 @@ def run_proof(q: Question | str, *, smoke: bool = True, capture: bool = True, ec
         namespace = {"__name__": source.stem, "__file__": str(source), "tmpdir": Path(tmp), "SMOKE": smoke}
         redirect = contextlib.redirect_stdout(buf) if capture else contextlib.nullcontext()
         try:
-            with redirect, warnings.catch_warnings():
+            # native_logs_silenced: C++ libraries' own log lines (TensorFlow's CUDA probe and oneDNN notice, Kineto)
+            # are not the proof's output; Python's prints and exceptions are untouched
+            with redirect, warnings.catch_warnings(), native_logs_silenced():
                 warnings.simplefilter("ignore")
                 exec(compile(q.code, str(source), "exec"), namespace)  # the bank is part of the course
         except Exception:

@@ -14,20 +14,13 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
-import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from utils.core import env
 
-# Kineto (the profiler's C++ side) reads its log level once, at the first profiler start in a process. Without a GPU
-# its lines (profiler_start/stop, a failed GPU probe) are noise in a notebook; set KINETO_LOG_LEVEL yourself to keep
-# them. Importing torch here is fine: only lesson 03 imports this module.
-if not torch.cuda.is_available():
-    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+env.quiet_profiler_log()
 
 __all__ = [
     "PHASE_PREFIX",
