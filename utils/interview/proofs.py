@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import io
+import logging
 import sys
 import tempfile
 import time
@@ -65,6 +66,8 @@ def run_proof(q: Question | str, *, smoke: bool = True, capture: bool = True, ec
     if missing:
         return ProofResult(q.id, True, 0.0, skipped=f"needs python module(s) {missing}, not installed here")
     import_order_guard(q.needs)
+    # a proof that builds an extension imports torch.utils.cpp_extension, which logs a CUDA_HOME notice on a CPU machine
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     buf = io.StringIO()
     t0 = time.perf_counter()
     ok, error = True, ""
