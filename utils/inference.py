@@ -263,9 +263,10 @@ class Sweep:
                 raise KeyError(f"batch {key} was not swept; the sweep has {sorted(self.results)}")
         per_round = [(bs / b_ms) / (over / o_ms) for b_ms, o_ms in zip(self.round_ms[bs], self.round_ms[over],
                                                                         strict=True)]
-        noisy = "; ".join(f"batch {k}: IQR {self.results[k].iqr_fraction:.0%} of the median"
-                          for k in dict.fromkeys((over, bs)) if self.results[k].iqr_fraction > bench.MAX_IQR_FRACTION)
-        return bench.Ratio.from_samples(per_round, noisy=noisy)
+        sides = [k for k in dict.fromkeys((over, bs)) if self.results[k].iqr_fraction > bench.MAX_IQR_FRACTION]
+        noisy = "; ".join(f"batch {k}: IQR {self.results[k].iqr_fraction:.0%} of the median" for k in sides)
+        spread = max((self.results[k].iqr_fraction for k in sides), default=0.0)
+        return bench.Ratio.from_samples(per_round, noisy=noisy, spread=spread)
 
     def drops(self, threshold: float = 1.05) -> list[tuple[int, int, bench.Ratio]]:
         """(smaller, larger, gain) for each step up in batch size whose throughput fell: the verdict on the larger

@@ -15,7 +15,10 @@ def r(value, low, high, **kw):
     (r(1.10, 1.02, 1.20), "within noise"),      # interval crosses the 1.05 line
     (r(0.80, 0.70, 0.90), "slower"),
     (r(0.97, 0.94, 1.02), "within noise"),
-    (r(1.50, 1.40, 1.60, noisy="a: IQR 40% of the median"), "within noise"),  # too noisy to judge at all
+    (r(1.50, 1.40, 1.60, noisy="a: IQR 40% of the median"), "within noise"),  # noisy, spread unknown: no verdict
+    (r(1.50, 1.40, 1.60, noisy="a: IQR 40%", spread=0.40), "within noise"),  # widened to [1.00-2.24]: crosses 1.05
+    (r(0.10, 0.09, 0.14, noisy="a: IQR 40%", spread=0.40), "slower"),  # an 11x effect clears even the widened line
+    (r(6.10, 5.00, 7.00, noisy="a: IQR 60%", spread=0.60), "faster"),  # [3.13-11.2]
 ])
 def test_speed_needs_the_whole_interval_past_the_line(ratio, word):
     assert verdict.speed(ratio) == word
@@ -26,6 +29,8 @@ def test_speed_line_says_the_caveat_and_the_noise():
     assert "fused vs torch.softmax: 1.30x [1.20-1.40, 5 rounds] -> faster" in line
     assert "not like for like: 20-ulp exp" in line
     assert "too noisy" in verdict.speed_line("x", r(1.3, 1.2, 1.4, noisy="b: IQR 30%"), "y")
+    line = verdict.speed_line("x", r(0.1, 0.09, 0.14, noisy="b: IQR 40%", spread=0.4), "y")
+    assert "-> slower" in line and "judged on [0.06-0.20], the interval widened by 40%" in line
 
 
 def test_speed_refuses_a_bare_number():
@@ -43,6 +48,8 @@ def test_speed_refuses_a_bare_number():
     (2.0, 1.0, None, "held"),
     (0.5, 1.0, 2.0, "did not hold"),
     (r(1.3, 1.2, 1.4, noisy="IQR 30%"), 1.1, 1.5, "undecided"),
+    (r(1.3, 1.2, 1.4, noisy="IQR 30%", spread=0.3), 1.1, 1.5, "undecided"),  # widened to [0.92-1.82]
+    (r(0.1, 0.09, 0.11, noisy="IQR 30%", spread=0.3), 0.01, 0.5, "held"),  # [0.069-0.143] inside the range
 ])
 def test_prediction_reads_the_interval_against_the_range(measured, low, high, word):
     assert verdict.prediction(measured, low, high) == word

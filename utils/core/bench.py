@@ -98,8 +98,10 @@ def measure(
 @dataclass(frozen=True)
 class Ratio:
     """A ratio measured in rounds (a speedup: baseline time / this time): ``value`` is the median of the per-round
-    ratios, ``low``/``high`` the lowest and highest of them. ``noisy`` names a timing too noisy to judge (its IQR above
-    MAX_IQR_FRACTION of its median); ``caveat`` says what differs when the two sides are not like for like.
+    ratios, ``low``/``high`` the lowest and highest of them. ``noisy`` names a timing whose IQR is above
+    MAX_IQR_FRACTION of its median and ``spread`` is that IQR fraction (the worst side's): the verdict then judges
+    the interval widened by it on each side (``judged``), so only an effect larger than the noise gets a verdict;
+    ``caveat`` says what differs when the two sides are not like for like.
     Lesson 00 introduces it; utils.core.verdict judges it; report.record stores its interval.
     """
 
@@ -109,6 +111,7 @@ class Ratio:
     rounds: int = 1
     noisy: str = ""
     caveat: str = ""
+    spread: float = 0.0
 
     def __post_init__(self):
         for name in ("value", "low", "high"):
@@ -119,12 +122,12 @@ class Ratio:
             raise ValueError(f"Ratio needs low <= value <= high, got {self.low} <= {self.value} <= {self.high}")
 
     @classmethod
-    def from_samples(cls, ratios: Sequence[float], *, noisy: str = "", caveat: str = "") -> Ratio:
+    def from_samples(cls, ratios: Sequence[float], *, noisy: str = "", caveat: str = "", spread: float = 0.0) -> Ratio:
         """A Ratio from per-round ratios (median; min and max)."""
         ratios = [float(r) for r in ratios]
         if not ratios:
             raise ValueError("Ratio.from_samples needs at least one per-round ratio")
-        return cls(statistics.median(ratios), min(ratios), max(ratios), len(ratios), noisy, caveat)
+        return cls(statistics.median(ratios), min(ratios), max(ratios), len(ratios), noisy, caveat, spread)
 
     @classmethod
     def from_times(cls, baseline_ms: Sequence[float], new_ms: Sequence[float], **kw) -> Ratio:
@@ -137,6 +140,16 @@ class Ratio:
     @property
     def interval(self) -> tuple[float, float]:
         return (self.low, self.high)
+
+    @property
+    def judged(self) -> tuple[float, float] | None:
+        """The interval a verdict reads: the rounds' own when no timing is noisy; widened by ``spread`` on each side
+        when one is; None when a timing is noisy and its spread is unknown (nothing to judge against)."""
+        if not self.noisy:
+            return (self.low, self.high)
+        if self.spread > 0:
+            return (self.low / (1 + self.spread), self.high * (1 + self.spread))
+        return None
 
     def inverse(self) -> Ratio:
         """The same measurement read the other way round (a slowdown as a speedup)."""
@@ -171,9 +184,10 @@ class Comparison(dict):
         for key in (name, over):
             if key not in self:
                 raise KeyError(f"{key!r} was not compared; the comparison has {list(self)}")
-        noisy = "; ".join(f"{k}: IQR {self[k].iqr_fraction:.0%} of the median" for k in dict.fromkeys((over, name))
-                          if self[k].iqr_fraction > MAX_IQR_FRACTION)
-        return Ratio.from_times(self.round_ms[over], self.round_ms[name], noisy=noisy, caveat=caveat)
+        sides = [k for k in dict.fromkeys((over, name)) if self[k].iqr_fraction > MAX_IQR_FRACTION]
+        noisy = "; ".join(f"{k}: IQR {self[k].iqr_fraction:.0%} of the median" for k in sides)
+        spread = max((self[k].iqr_fraction for k in sides), default=0.0)
+        return Ratio.from_times(self.round_ms[over], self.round_ms[name], noisy=noisy, caveat=caveat, spread=spread)
 
 
 def compare(

@@ -3,11 +3,13 @@
 Two questions, each with three answers, and no verdict is ever written by hand:
 
 - ``speed(ratio, threshold)``: is one side faster? "faster" when the whole interval of the speedup lies above the
-  threshold, "slower" when it lies below 1/threshold, "within noise" otherwise (and whenever a timing is too noisy
-  to judge: IQR above bench.MAX_IQR_FRACTION of its median, or measured in a single round).
+  threshold, "slower" when it lies below 1/threshold, "within noise" otherwise (and when measured in a single
+  round). A noisy timing (IQR above bench.MAX_IQR_FRACTION of its median) is judged on the interval widened by its
+  IQR fraction on each side (``Ratio.judged``): an effect larger than the noise still gets its verdict, one inside
+  it does not.
 - ``prediction(measured, low, high)``: did a prediction stated before the measurement hold? "held" when the whole
   measured interval lies inside the predicted range, "did not hold" when it lies wholly outside, "undecided" when it
-  straddles an edge (or the timing is too noisy).
+  straddles an edge (the same widened interval for a noisy timing).
 
 ``speed_line`` / ``prediction_line`` return the one line a lesson prints: the number, its interval, the line it was
 judged against, the verdict, and the caveat of a comparison that is not like for like.
@@ -26,13 +28,24 @@ HELD, NOT_HELD, UNDECIDED = "held", "did not hold", "undecided"
 DEFAULT_THRESHOLD = 1.05
 
 
-def _interval(measured) -> tuple[float, float, float, str]:
+def _interval(measured) -> tuple[float, float] | None:
+    """The interval a verdict reads (None: nothing to judge: one round, or noisy with no known spread)."""
     if isinstance(measured, Ratio):
-        return measured.value, measured.low, measured.high, measured.noisy
+        return measured.judged if measured.rounds >= 2 else None
     if isinstance(measured, bool) or not isinstance(measured, int | float):
         raise TypeError(f"expected a bench.Ratio or a number, got {type(measured).__name__} ({measured!r:.60})")
-    v = float(measured)
-    return v, v, v, ""
+    return float(measured), float(measured)
+
+
+def _noise_note(ratio: Ratio) -> str:
+    if ratio.noisy and ratio.spread > 0:
+        lo, hi = ratio.judged
+        return f"; noisy ({ratio.noisy}): judged on [{lo:.2f}-{hi:.2f}], the interval widened by {ratio.spread:.0%}"
+    if ratio.noisy:
+        return f"; too noisy to judge ({ratio.noisy})"
+    if ratio.rounds < 2:
+        return "; one round: no spread to judge against"
+    return ""
 
 
 def speed(ratio: Ratio, threshold: float = DEFAULT_THRESHOLD) -> str:
@@ -42,11 +55,13 @@ def speed(ratio: Ratio, threshold: float = DEFAULT_THRESHOLD) -> str:
                         "measure both sides with bench.compare(...) and pass .ratio(name)")
     if threshold < 1:
         raise ValueError(f"threshold is a speedup line >= 1 (e.g. 1.05), got {threshold}")
-    if ratio.noisy or ratio.rounds < 2:  # one round has no spread to judge against
+    judged = _interval(ratio)
+    if judged is None:  # one round has no spread to judge against
         return NOISE
-    if ratio.low > threshold:
+    lo, hi = judged
+    if lo > threshold:
         return FASTER
-    if ratio.high < 1 / threshold:
+    if hi < 1 / threshold:
         return SLOWER
     return NOISE
 
@@ -54,11 +69,7 @@ def speed(ratio: Ratio, threshold: float = DEFAULT_THRESHOLD) -> str:
 def speed_line(name: str, ratio: Ratio, baseline: str, threshold: float = DEFAULT_THRESHOLD) -> str:
     """One printed line: '<name> vs <baseline>: 1.34x [1.28-1.41, 5 rounds] -> faster (line 1.05x)'."""
     word = speed(ratio, threshold)
-    line = f"{name} vs {baseline}: {ratio} -> {word} (line {threshold:.2f}x either way)"
-    if ratio.noisy:
-        line += f"; too noisy to judge ({ratio.noisy})"
-    elif ratio.rounds < 2:
-        line += "; one round: no spread to judge against"
+    line = f"{name} vs {baseline}: {ratio} -> {word} (line {threshold:.2f}x either way)" + _noise_note(ratio)
     if ratio.caveat:
         line += f"; not like for like: {ratio.caveat}"
     return line
@@ -69,10 +80,11 @@ def prediction(measured, low: float, high: float | None = None) -> str:
     against the range [low, high] predicted before measuring (`high` None: at least `low`)."""
     if high is not None and high < low:
         raise ValueError(f"the predicted range needs low <= high, got [{low}, {high}]")
-    _, lo, hi, noisy = _interval(measured)
-    top = float("inf") if high is None else high
-    if noisy or (isinstance(measured, Ratio) and measured.rounds < 2):
+    judged = _interval(measured)
+    if judged is None:
         return UNDECIDED
+    lo, hi = judged
+    top = float("inf") if high is None else high
     if low <= lo and hi <= top:
         return HELD
     if hi < low or lo > top:
@@ -89,8 +101,8 @@ def prediction_line(what: str, measured, low: float, high: float | None = None, 
     else:
         shown = f"{float(measured):.4g}{unit}"
     line = f"{what}: predicted {rng}, measured {shown} -> {word}"
-    if isinstance(measured, Ratio) and measured.noisy:
-        line += f" (too noisy to judge: {measured.noisy})"
+    if isinstance(measured, Ratio):
+        line += _noise_note(measured)
     if isinstance(measured, Ratio) and measured.caveat:
         line += f"; not like for like: {measured.caveat}"
     return line

@@ -137,8 +137,8 @@ def ratio_over(rows: list[dict], name: str, over: str, *, caveat: str = "") -> b
     Each round gives one geometric mean over the row lengths of time(over) / time(name); the Ratio is the median of
     those with their min..max as its interval. With `over` a roof ("copy"), it is the fraction of the roof reached.
     The geometric mean is too noisy to judge when the timings of more than a quarter of the row lengths are (IQR above
-    bench.MAX_IQR_FRACTION of the median); fewer noisy points (the sweep's table shows
-    each point's IQR) do not void the verdict.
+    bench.MAX_IQR_FRACTION of the median): it is then judged on its interval widened by the worst point's IQR
+    fraction; fewer noisy points (the sweep's table shows each point's IQR) leave the verdict to the rounds.
     """
     _require(rows, name, over)
     rounds = min(len(r["round_ms"][k]) for r in rows for k in (name, over))
@@ -148,6 +148,7 @@ def ratio_over(rows: list[dict], name: str, over: str, *, caveat: str = "") -> b
              if r["iqr"].get(k, 0.0) > bench.MAX_IQR_FRACTION]
     noisy_rows = {r["n"] for r in rows for k in (over, name) if r["iqr"].get(k, 0.0) > bench.MAX_IQR_FRACTION}
     text = "; ".join(noisy[:3]) + (f"; {len(noisy) - 3} more" if len(noisy) > 3 else "")
+    spread = max((r["iqr"].get(k, 0.0) for r in rows for k in (over, name)), default=0.0)
     if len(noisy_rows) <= len(rows) / 4:  # the sweep's table shows each point's IQR
-        text = ""
-    return bench.Ratio.from_samples(per_round, noisy=text, caveat=caveat)
+        text, spread = "", 0.0
+    return bench.Ratio.from_samples(per_round, noisy=text, caveat=caveat, spread=spread)
