@@ -306,17 +306,23 @@ def throughput_sweep(model, batch_sizes: Sequence[int], make_input: Callable[[in
 
 
 def activation_sizes(model, x) -> list[int]:
-    """Bytes of every leaf module's output in one forward pass of `x`, in call order (lesson 01).
+    """Bytes of every buffer the leaf modules allocate for their outputs in one forward pass of `x`, in call order
+    (lesson 01). An output that shares its input's storage (an in-place ReLU) allocates nothing and is not counted.
 
-    The working set a batch drags through the memory system: compare the largest and the sum with the last-level
-    cache, and count the buffers large enough that glibc's malloc maps fresh pages for them on every call.
+    Under inference mode a buffer is freed once the next layers have used it, so the sum is what the pass allocates,
+    not what is live at once; the buffers above glibc's largest mmap threshold are fresh mappings on every call, and
+    every 4 KiB page of them faults in on first touch.
     """
     import torch
 
     sizes: list[int] = []
 
     def hook(module, args, out):
-        if torch.is_tensor(out):
+        if not torch.is_tensor(out):
+            return
+        shares_input = any(torch.is_tensor(a) and a.untyped_storage().data_ptr() == out.untyped_storage().data_ptr()
+                           for a in args)
+        if not shares_input:
             sizes.append(out.numel() * out.element_size())
 
     handles = [m.register_forward_hook(hook) for m in model.modules() if not list(m.children())]

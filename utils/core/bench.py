@@ -171,7 +171,7 @@ class Ratio:
 
 class Comparison(dict):
     """{name: BenchResult} of an interleaved comparison (``compare``), plus the per-round medians behind every
-    ``ratio``. Each BenchResult pools the blocks of all rounds."""
+    ``ratio``. Each BenchResult's median is the median of its rounds' medians; its IQR and times pool every block."""
 
     def __init__(self, results: dict[str, BenchResult], round_ms: dict[str, list[float]], baseline: str):
         super().__init__(results)
@@ -233,7 +233,9 @@ def compare(
     results = {}
     for name, times in blocks.items():
         q = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
-        results[name] = BenchResult(label=name, median_ms=statistics.median(times), iqr_ms=q[2] - q[0],
+        # the median of the rounds' medians, like the ratios (pooled blocks would mix a disturbed round's regime into
+        # an absolute number printed beside a per-round ratio); the IQR is the pooled blocks' spread
+        results[name] = BenchResult(label=name, median_ms=statistics.median(round_ms[name]), iqr_ms=q[2] - q[0],
                                     runs=runs[name], items=items[name], times_ms=tuple(times))
     out = Comparison(results, round_ms, baseline)
     if not quiet:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from utils.core import bench
 
-__all__ = ["softmax_sweep", "cuda_event_ms", "fraction_of_copy", "ratio_over", "ROOFS"]
+__all__ = ["softmax_sweep", "cuda_event_ms", "fraction_of_copy", "ratio_over", "roof_spread", "ROOFS"]
 
 ROOFS = ("copy", "clone")
 
@@ -121,6 +121,15 @@ def _require(rows: list[dict], *names: str) -> None:
                            f"names: {sorted(k for k in rows[0] if k not in ('n', 'rows', 'mbytes', 'round_ms', 'iqr'))}")
 
 
+def roof_spread(rows: list[dict], roof: str = "copy") -> float:
+    """Highest over lowest GB/s of a roof across a sweep's row lengths (lesson 06): the copy moves the same bytes at
+    every n, so a spread well above 1 is the machine (other load, page placement), not the shape."""
+    if roof not in ROOFS:
+        raise ValueError(f"roof must be one of {ROOFS}, got {roof!r}")
+    values = [r[roof] for r in rows]
+    return max(values) / min(values)
+
+
 def fraction_of_copy(rows: list[dict], name: str, roof: str = "copy") -> list[float]:
     """GB/s of `name` divided by the roof's GB/s at the same shape, for each row of a softmax_sweep (lesson 06).
 
@@ -135,15 +144,23 @@ def ratio_over(rows: list[dict], name: str, over: str, *, caveat: str = "") -> b
     """Speedup of `name` over `over` across a sweep, as a bench.Ratio (lesson 06).
 
     Each round gives one geometric mean over the row lengths of time(over) / time(name); the Ratio is the median of
-    those with their min..max as its interval. With `over` a roof ("copy"), it is the fraction of the roof reached.
+    those with their min..max as its interval. With `over` a roof ("copy" or "clone"), it is the fraction of the roof
+    reached: each round's geometric mean GB/s over the median over n of the roof's GB/s in that round.
     The geometric mean is too noisy to judge when the timings of more than a quarter of the row lengths are (IQR above
     bench.MAX_IQR_FRACTION of the median): it is then judged on its interval widened by the worst point's IQR
     fraction; fewer noisy points (the sweep's table shows each point's IQR) leave the verdict to the rounds.
     """
     _require(rows, name, over)
     rounds = min(len(r["round_ms"][k]) for r in rows for k in (name, over))
-    per_round = [math.exp(statistics.fmean(math.log(r["round_ms"][over][i] / r["round_ms"][name][i]) for r in rows))
-                 for i in range(rounds)]
+    if over in ROOFS:  # one roof per round: the median over the row lengths of the roof's GB/s (the copy moves the
+        # same buffers at every n, so a point where it jumps is the machine, not the shape, and must not move the fraction)
+        def gbps(r, k, i):
+            return 2 * r["mbytes"] / r["round_ms"][k][i]  # MB / ms = GB/s, read + write
+        per_round = [math.exp(statistics.fmean(math.log(gbps(r, name, i)) for r in rows))
+                     / statistics.median(gbps(r, over, i) for r in rows) for i in range(rounds)]
+    else:
+        per_round = [math.exp(statistics.fmean(math.log(r["round_ms"][over][i] / r["round_ms"][name][i]) for r in rows))
+                     for i in range(rounds)]
     noisy = [f"{k} at n={r['n']}: IQR {r['iqr'][k]:.0%} of the median" for r in rows for k in (over, name)
              if r["iqr"].get(k, 0.0) > bench.MAX_IQR_FRACTION]
     noisy_rows = {r["n"] for r in rows for k in (over, name) if r["iqr"].get(k, 0.0) > bench.MAX_IQR_FRACTION}
