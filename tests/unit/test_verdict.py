@@ -33,6 +33,12 @@ def test_speed_line_says_the_caveat_and_the_noise():
     assert "-> slower" in line and "judged on [0.06-0.20], the interval widened by 40%" in line
 
 
+def test_speed_line_names_a_consistent_effect_smaller_than_the_line():
+    line = verdict.speed_line("amp", r(0.92, 0.91, 0.93), "fp32", threshold=1.10)
+    assert "-> within noise" in line and "every round slower than fp32, by less than the line" in line
+    assert "every round" not in verdict.speed_line("amp", r(1.0, 0.97, 1.03), "fp32")
+
+
 def test_speed_refuses_a_bare_number():
     with pytest.raises(TypeError, match="bench.compare"):
         verdict.speed(1.3)

@@ -171,7 +171,7 @@ class Ratio:
 
 class Comparison(dict):
     """{name: BenchResult} of an interleaved comparison (``compare``), plus the per-round medians behind every
-    ``ratio``. Each BenchResult's median is the median of its rounds' medians; its IQR and times pool every block."""
+    ``ratio``. Each BenchResult's median and IQR are the medians of its rounds' own; its times pool every block."""
 
     def __init__(self, results: dict[str, BenchResult], round_ms: dict[str, list[float]], baseline: str):
         super().__init__(results)
@@ -217,6 +217,7 @@ def compare(
     if baseline not in fns:
         raise KeyError(f"baseline {baseline!r} is not among {list(fns)}")
     round_ms: dict[str, list[float]] = {name: [] for name in fns}
+    round_iqr: dict[str, list[float]] = {name: [] for name in fns}
     blocks: dict[str, list[float]] = {name: [] for name in fns}
     runs: dict[str, int] = dict.fromkeys(fns, 0)
     items: dict[str, int] = {}
@@ -227,16 +228,19 @@ def compare(
                 kw["warmup"] = 0
             res = measure(fn, label=name, **kw)
             round_ms[name].append(res.median_ms)
+            round_iqr[name].append(res.iqr_ms)
             blocks[name].extend(res.times_ms or (res.median_ms,))
             runs[name] += res.runs
             items[name] = res.items
     results = {}
     for name, times in blocks.items():
-        q = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
         # the median of the rounds' medians, like the ratios (pooled blocks would mix a disturbed round's regime into
-        # an absolute number printed beside a per-round ratio); the IQR is the pooled blocks' spread
-        results[name] = BenchResult(label=name, median_ms=statistics.median(round_ms[name]), iqr_ms=q[2] - q[0],
-                                    runs=runs[name], items=items[name], times_ms=tuple(times))
+        # an absolute number printed beside a per-round ratio); the IQR is the median of the rounds' own IQRs: the
+        # noise within a round. Drift between rounds is what the per-round ratios' interval shows; it must not also
+        # count as noise and void a verdict.
+        results[name] = BenchResult(label=name, median_ms=statistics.median(round_ms[name]),
+                                    iqr_ms=statistics.median(round_iqr[name]), runs=runs[name], items=items[name],
+                                    times_ms=tuple(times))
     out = Comparison(results, round_ms, baseline)
     if not quiet:
         for name, res in out.items():

@@ -70,6 +70,10 @@ def speed_line(name: str, ratio: Ratio, baseline: str, threshold: float = DEFAUL
     """One printed line: '<name> vs <baseline>: 1.34x [1.28-1.41, 5 rounds] -> faster (line 1.05x)'."""
     word = speed(ratio, threshold)
     line = f"{name} vs {baseline}: {ratio} -> {word} (line {threshold:.2f}x either way)" + _noise_note(ratio)
+    judged = _interval(ratio)
+    if word == NOISE and judged and (judged[0] > 1 or judged[1] < 1):  # consistent, but smaller than the line
+        side = "faster" if judged[0] > 1 else "slower"
+        line += f"; every round {side} than {baseline}, by less than the line"
     if ratio.caveat:
         line += f"; not like for like: {ratio.caveat}"
     return line
