@@ -890,8 +890,11 @@ def reserved_slots(lengths: Sequence[int], *, max_len: int, block_size: int) -> 
 class Int8Linear(nn.Module):
     """A Linear layer whose weights are stored as int8 with one fp scale per output channel (lesson 07).
 
-    w ~= w_int8 * scale[:, None], scale = max|w_row| / 127. On the CPU the matmul reads the int8 weights directly
-    through aten's _weight_int8pack_mm where this torch has it; elsewhere the weights are dequantized first.
+    w ~= w_int8 * scale[:, None], scale = max|w_row| / 127; the scale has the dtype of the layer it came from (quantize
+    a bf16 model for bf16 activations). On the CPU the matmul reads the int8 weights directly through aten's
+    _weight_int8pack_mm where this torch has it and the activations have the scale's dtype; elsewhere the weights are
+    dequantized first. On x86 that kernel is vectorized (AVX-512/AVX2) for bf16 activations only: fp32 or fp16
+    activations take a scalar loop, several times slower (lesson 07 measures both).
     """
 
     def __init__(self, weight_int8: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None):

@@ -331,6 +331,22 @@ def test_int8_linear_error_bound_and_size():
         llm.Int8Linear(torch.zeros(4, 4), torch.ones(4), None)
 
 
+def test_int8_linear_bf16_activations_match_the_dequantized_product():
+    # lesson 07 times weight-only int8 in bf16 (the activations' dtype follows the model it was quantized from)
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 48).to(torch.bfloat16)
+    q = llm.Int8Linear.from_linear(lin)
+    assert q.scale.dtype == torch.bfloat16 and q.weight_int8.dtype == torch.int8
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        got = q(x)
+        want = torch.nn.functional.linear(x.float(), q.dequantized().float(), lin.bias.float())
+    assert got.dtype == torch.bfloat16
+    assert (got.float() - want).abs().max() <= 0.02 * want.abs().max()
+    q32 = llm.quantize_int8(torch.nn.Sequential(lin.float()))[0]  # the same weights for fp32 activations
+    assert q32.scale.dtype == torch.float32 and torch.equal(q32.weight_int8, q.weight_int8)
+
+
 def test_quantize_int8_replaces_every_linear(model):
     q = llm.quantize_int8(model)
     assert not any(isinstance(m, torch.nn.Linear) for m in q.modules())
