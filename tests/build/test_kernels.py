@@ -109,7 +109,8 @@ def test_sweep_reports_gbps_for_every_implementation():
     assert isinstance(ratio, bench.Ratio) and ratio.rounds == 2 and ratio.low <= ratio.value <= ratio.high
     assert sweep.roof_spread(rows) >= 1.0
     # a roof is one number per round (the median over n), so a jump of the copy at one n does not move the fraction
-    steady = [dict(r, round_ms={**r["round_ms"], "copy": [r["round_ms"]["copy"][0]] * 2}) for r in rows]
+    copy_ms = rows[0]["round_ms"]["copy"][0]  # one copy time everywhere (the rows move the same bytes)
+    steady = [dict(r, round_ms={**r["round_ms"], "copy": [copy_ms] * 2}) for r in rows]
     steady.append(dict(steady[-1], n=64))
     jumped = [dict(r, round_ms=dict(r["round_ms"])) for r in steady]
     jumped[1]["round_ms"]["copy"] = [t / 2 for t in jumped[1]["round_ms"]["copy"]]  # the copy twice as fast at one n

@@ -1,12 +1,19 @@
-"""Checks for labs/06_fused_softmax_lab.ipynb (lesson 06: an online softmax in C++ as a PyTorch operator).
+"""Checks for labs/06_fused_softmax_lab.ipynb (lesson 06: an online softmax in C++ as a PyTorch operator, and the
+same softmax as a kernel in the Triton language).
 
-The learner writes two things: the C++ inner loop of the online softmax (returned as a string by a Python function,
-so that the lab generator can blank it) and the backward formula in PyTorch. The checks put the loop into lab06_softmax.cpp,
-build it with utils.kernels.build (cached by source hash: an edit rebuilds, a rerun does not), and test it.
+The learner writes three things: the C++ inner loop of the online softmax (returned as a string by a Python
+function, so that the lab generator can blank it), the backward formula in PyTorch, and the body of a Triton row
+softmax kernel. The checks put the loop into lab06_softmax.cpp, build it with utils.kernels.build (cached by source
+hash: an edit rebuilds, a rerun does not), and test it; the task asks for ONE read pass over x, and a second build
+(READS_TEMPLATE: the same loop reading x through an accessor that records every index) counts the passes, because
+a two-pass loop gives the same numbers. The Triton kernel runs in Triton's interpreter on CPU tensors
+(utils.kernels.triton_softmax.interpreted), in rows padded on both sides so that a read or a write past a row's
+end shows.
 """
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import math
 from pathlib import Path
@@ -15,6 +22,7 @@ import torch
 
 from utils import kernels
 from utils.checks import LabCheckFailed, call, expect, passed
+from utils.core import env
 from utils.kernels import ops, sweep
 
 PLACEHOLDER = "/*@INNER_LOOP@*/"
@@ -32,17 +40,117 @@ def lab_source(inner_loop: str) -> str:
     return TEMPLATE.replace(PLACEHOLDER, inner_loop)
 
 
-def build_lab_extension(inner_loop_source) -> kernels.Extension:
-    """Build (or load the cached build of) TEMPLATE with the loop `inner_loop_source()` returns."""
+def _loop_code(inner_loop_source) -> str:
     code = call(inner_loop_source, what="inner_loop_source()")
     expect(isinstance(code, str) and code.strip(),
            f"inner_loop_source() should return the C++ loop as a string, got {type(code).__name__}: {code!r:.80}")
     expect("x[" in code or "x +" in code or "*x" in code,
            "your loop never reads x: it should walk x[0] .. x[n-1] and update m and s")
+    return code
+
+
+def build_lab_extension(inner_loop_source) -> kernels.Extension:
+    """Build (or load the cached build of) TEMPLATE with the loop `inner_loop_source()` returns."""
+    code = _loop_code(inner_loop_source)
     try:
         return kernels.build(lab_source(code), name="wb_softmax_lab")
     except RuntimeError as exc:
         raise LabCheckFailed(f"your C++ does not compile. The compiler said:\n{exc}") from None
+
+
+# The learner's loop once more, with x read through an accessor that records the index of every read: the read
+# pass the task asks for is checked by counting, not by the numbers (a two-pass loop gives the same numbers).
+READS_TEMPLATE = r"""
+// Lab 06's read counter (utils/checks/lab06.py): your loop, reading x through RecordedRow.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace {
+
+// Stands in for `const scalar_t* x`: x[i], *x, *(x + i), x++ and ++x read through it, and each read is recorded.
+template <typename scalar_t>
+struct RecordedRow {
+  const scalar_t* data;
+  int64_t n;
+  int64_t offset;
+  std::vector<int64_t>* reads;
+  scalar_t operator[](int64_t i) const {
+    const int64_t at = offset + i;
+    reads->push_back(at);
+    return at >= 0 && at < n ? data[at] : std::numeric_limits<scalar_t>::quiet_NaN();  // never out of bounds
+  }
+  scalar_t operator*() const { return (*this)[0]; }
+  RecordedRow operator+(int64_t k) const { return {data, n, offset + k, reads}; }
+  RecordedRow& operator++() { ++offset; return *this; }
+  RecordedRow operator++(int) { RecordedRow before = *this; ++offset; return before; }
+};
+
+template <typename scalar_t, typename X>
+void online_max_sum(X x, int64_t n, scalar_t& m, scalar_t& s) {
+  m = -std::numeric_limits<scalar_t>::infinity();
+  s = scalar_t(0);
+/*@INNER_LOOP@*/
+}
+
+// The index of every read the loop makes of the float64 row x, in order.
+at::Tensor read_trace(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() == 1 && x.scalar_type() == at::kDouble && x.is_contiguous() && x.device().is_cpu(),
+              "read_trace: expected a contiguous 1-d float64 CPU tensor");
+  std::vector<int64_t> reads;
+  double m, s;
+  online_max_sum<double>(RecordedRow<double>{x.const_data_ptr<double>(), x.numel(), 0, &reads}, x.numel(), m, s);
+  at::Tensor out = at::empty({static_cast<int64_t>(reads.size())}, x.options().dtype(at::kLong));
+  std::copy(reads.begin(), reads.end(), out.mutable_data_ptr<int64_t>());
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(WB_NAMESPACE, m) { m.def("read_trace(Tensor x) -> Tensor"); }
+TORCH_LIBRARY_IMPL(WB_NAMESPACE, CPU, m) { m.impl("read_trace", &read_trace); }
+"""
+
+
+def read_passes(trace: list[int]) -> int:
+    """How many times a loop walked a row, from the indices it read in order: the most times any element
+    was read, counting back-to-back reads of one element once (``v = x[i]; ... x[i]`` is still one pass)."""
+    counts: dict[int, int] = {}
+    previous = None
+    for i in trace:
+        if i != previous:
+            counts[i] = counts.get(i, 0) + 1
+        previous = i
+    return max(counts.values(), default=0)
+
+
+def check_one_pass(inner_loop_source, n: int = 37) -> int:
+    """The learner's loop reads every element of a row of `n` once, in one pass (the task's rule). Returns the passes."""
+    code = _loop_code(inner_loop_source)
+    try:
+        ext = kernels.build(READS_TEMPLATE.replace(PLACEHOLDER, code), name="wb_softmax_lab_reads")
+    except RuntimeError as exc:
+        raise LabCheckFailed("your loop compiles on a raw pointer but not on the read counter, which stands in for x "
+                             "and supports x[i], *x, *(x + i) and x++: read x only through those. The compiler "
+                             f"said:\n{exc}") from None
+    row = torch.randn(n, dtype=torch.float64, generator=torch.Generator().manual_seed(37))
+    trace = ext.ops.read_trace(row).tolist()
+    outside = sorted({i for i in trace if not 0 <= i < n})
+    expect(not outside, f"your loop read x at {outside[:5]} on a row of {n}: outside x[0] .. x[{n - 1}]")
+    missed = sorted(set(range(n)) - set(trace))
+    expect(not missed, f"your loop never read x[i] for i in {missed[:5]} on a row of {n}: every element counts in the "
+           "max and the sum")
+    passes = read_passes(trace)
+    expect(passes == 1,
+           f"your loop reads each element of x up to {passes} times ({len(trace)} reads on a row of {n}): it walks "
+           f"the row {passes} times. The task is ONE read pass: by the time x[i] has been read, m and s must already "
+           "include it, with no going back.")
+    return passes
 
 
 def _parity_cases():
@@ -73,7 +181,8 @@ def _max_err(got, want) -> float:
 
 
 def check_inner_loop(inner_loop_source):
-    """Build the learner's online loop and compare with torch.softmax on edge cases. Returns the extension."""
+    """Build the learner's online loop, compare with torch.softmax on edge cases, and count its passes over x (one).
+    Returns the extension."""
     ext = build_lab_extension(inner_loop_source)
     worst = 0.0
     for name, x in _parity_cases().items():
@@ -90,7 +199,9 @@ def check_inner_loop(inner_loop_source):
                f"{name}: max |yours - torch.softmax| = {err:.3g} (tolerance {tol:g}). Check the rescale when a new "
                "maximum arrives: s = s * exp(m_old - m_new) + exp(x - m_new).")
         worst = max(worst, err)
-    passed("online inner loop", f"{len(_parity_cases())} cases match torch.softmax, max error {worst:.2e}")
+    check_one_pass(inner_loop_source)
+    passed("online inner loop", f"{len(_parity_cases())} cases match torch.softmax, max error {worst:.2e}; one read "
+           "pass over x (every read counted)")
     return ext
 
 
@@ -170,6 +281,7 @@ def check_speed(inner_loop_source, rows: int = 2048, n: int = 1024, min_run_time
     """The learner's GB/s next to torch.softmax, the lesson's fused kernel and the copy roof (no threshold)."""
 
     ext = build_lab_extension(inner_loop_source)
+    check_one_pass(inner_loop_source)  # the time of a two-pass loop is not the task's
     x = torch.randn(rows, n)
     err = _max_err(ext.ops.softmax_forward(x), torch.softmax(x, -1))
     expect(err < 1e-5, f"your kernel's output differs from torch.softmax by {err:.3g}: run the parity check first")
@@ -187,3 +299,121 @@ def check_speed(inner_loop_source, rows: int = 2048, n: int = 1024, min_run_time
     passed("speed", f"your kernel runs at {ratio:.2f}x torch.softmax on {rows} x {n} fp32 "
            f"({gbps['your kernel'] / gbps['copy']:.0%} of the copy roof, measured side by side)")
     return gbps
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the Triton task: a row softmax kernel, run in Triton's interpreter on CPU tensors
+# ---------------------------------------------------------------------------------------------------------------------
+
+TRITON_PARAMS = ["x_ptr", "y_ptr", "x_row_stride", "y_row_stride", "n_cols", "BLOCK"]
+_OUT_FILL = 7.0  # what the output buffer holds before the kernel runs: a store past a row's end or a missed row shows
+
+
+def _padded_rows(x: torch.Tensor, stride: int, fill: float, extra: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(a view with x's values and rows `stride` apart, the whole buffer); every other element of the buffer, and
+    `extra` more after the last row, hold `fill`: a read past a row's end sees it, a write past it changes it."""
+    rows, n = x.shape
+    buf = torch.full((rows * stride + extra,), fill, dtype=x.dtype)
+    view = buf[: rows * stride].view(rows, stride)[:, :n]
+    view.copy_(x)
+    return view, buf
+
+
+def _triton_cases() -> list[tuple[str, torch.Tensor, int, str]]:
+    """(name, x, row stride in memory, what a failure there means) from the simplest case to the edge cases."""
+    g = torch.Generator().manual_seed(66)
+    one_finite = torch.full((4, 20), float("-inf"))
+    for r, (c, v) in enumerate([(5, 1.0), (19, -3.0), (0, 50.0), (11, -1e4)]):
+        one_finite[r, c] = v
+    all_inf = torch.randn(4, 12, generator=g)
+    all_inf[2] = float("-inf")
+    pow2 = torch.randn(6, 64, generator=g) * 3
+    return [
+        ("rows of 64, contiguous (BLOCK = 64: no padded lanes)", pow2, 64,
+         "the core is off before any edge case: which row is each program's, its max, exp(x - max) and the division "
+         "by the sum"),
+        ("the same rows of 64, 80 apart in memory (a slice of a wider tensor)", pow2, 80,
+         "right for contiguous rows, wrong for strided ones: where does row r start in x, and in y?"),
+        ("37 rows of 7 (BLOCK = 8: one padded lane per row)", torch.randn(37, 7, generator=g), 7,
+         "right for n = 64 but wrong for n = 7: the lane past the row's end (cols >= n_cols) is part of the block; "
+         "what must it hold, and what must happen to it, so that it changes neither the max, nor the sum, nor y?"),
+        ("rows of 1 (BLOCK = 1)", torch.randn(5, 1, generator=g), 1, "a row of one value has softmax 1"),
+        ("rows of 100 with logits of size ~1000", torch.randn(3, 100, generator=g) * 1000, 100,
+         "exp(1000) overflows float32 (its largest value is about exp(88.7)); softmax is unchanged when a constant "
+         "is subtracted from a whole row"),
+        ("rows that are -inf but for one value (a masked attention row)", one_finite, 20,
+         "a row that is -inf everywhere but one place must give 1 there and 0 elsewhere"),
+        ("a row that is all -inf (fully masked)", all_inf, 12,
+         "torch.softmax gives NaN for a row that is all -inf (its max is -inf, and -inf - (-inf) is NaN) and normal "
+         "values for the other rows: match it, do not invent a value"),
+        ("bfloat16 rows of 33", (torch.randn(9, 33, generator=g) * 3).to(torch.bfloat16), 40,
+         "bfloat16 in, bfloat16 out: do the arithmetic in float32 and round once, when you store"),
+    ]
+
+
+def _run_triton(fn, kernel_name: str, case: str, x: torch.Tensor, stride: int) -> tuple[torch.Tensor, bool]:
+    """Launch the interpreted kernel on x laid out `stride` apart: (y, whether it wrote outside y's rows)."""
+    rows, n = x.shape
+    block = 1 << max(n - 1, 0).bit_length()  # the next power of two >= n
+    x_view, _ = _padded_rows(x, stride, float("nan"), extra=block)  # a read past a row's end gets NaN
+    y_view, y_buf = _padded_rows(torch.full_like(x, _OUT_FILL), stride, _OUT_FILL, extra=block)
+    try:
+        fn[(rows,)](x_view, y_view, x_view.stride(0), y_view.stride(0), n, BLOCK=block)
+    except Exception as exc:  # the interpreter wraps what the kernel raised in an InterpreterError
+        cause = exc.__cause__ or exc
+        if isinstance(cause, NotImplementedError):
+            raise LabCheckFailed(f"{kernel_name} is not written yet ({cause}). Fill in its TODO and run this cell "
+                                 "again.") from None
+        first = (str(cause).strip().splitlines() or [""])[-1][:300]
+        raise LabCheckFailed(f"{case}: your kernel stopped with {type(cause).__name__}: {first}") from None
+    inside = torch.zeros(y_buf.shape, dtype=torch.bool)
+    inside[: rows * stride].view(rows, stride)[:, :n] = True
+    outside = y_buf[~inside]
+    wrote_outside = bool((outside != _OUT_FILL).any())
+    return y_view.clone(), wrote_outside
+
+
+def check_triton_kernel(kernel):
+    """The learner's row softmax kernel in the Triton language, run in Triton's interpreter on CPU tensors against
+    torch.softmax on 8 cases (padded and strided rows, n = 1, huge logits, -inf rows, bfloat16)."""
+    if not env.has("triton"):
+        raise LabCheckFailed(f"this check runs your kernel in Triton's interpreter and needs triton: "
+                             f"{env.capabilities()['triton'].reason}")
+    from utils.kernels import triton_softmax
+
+    fn_py = getattr(kernel, "fn", kernel)
+    expect(callable(fn_py), f"pass your @triton.jit kernel function, got {type(kernel).__name__}")
+    name = getattr(fn_py, "__name__", "your kernel")
+    params = list(inspect.signature(fn_py).parameters)
+    expect(params == TRITON_PARAMS, f"{name} should take ({', '.join(TRITON_PARAMS)}), got ({', '.join(params)}): "
+           "keep the signature the lab gives, the check launches it with those arguments")
+    expect(fn_py is not triton_softmax.softmax_kernel.fn, "that is the lesson's kernel: write the body yourself")
+    fn = triton_softmax.interpreted(kernel)
+    worst = 0.0
+    for case, x, stride, meaning in _triton_cases():
+        y, wrote_outside = _run_triton(fn, name, case, x, stride)
+        never = (y == _OUT_FILL).all(dim=-1)  # a softmax row never holds 7.0 throughout
+        expect(not bool(never.any()), f"{case}: rows {never.nonzero().flatten().tolist()[:5]} of y were never written. "
+               f"{meaning}")
+        want = torch.softmax(x.double(), dim=-1)
+        got = y.double()
+        nan_got, nan_want = torch.isnan(got), torch.isnan(want)
+        if not torch.equal(nan_got, nan_want):
+            extra = int((nan_got & ~nan_want).sum())
+            what = f"{extra} NaN where torch.softmax has none" if extra else "numbers where torch.softmax has NaN"
+            raise LabCheckFailed(f"{case}: {what}. {meaning}")
+        if x.dtype == torch.bfloat16:
+            err = ((got - want).abs() / want.clamp_min(1e-30)).masked_fill(nan_want, 0).max().item()
+            # one bfloat16 rounding of the result; triton's interpreter truncates (2**-7), a GPU rounds to nearest
+            tol, kind = 2.0**-7, "relative"
+        else:
+            err = (got - want).abs().masked_fill(nan_want, 0).max().item()
+            tol, kind = 1e-6, "absolute"  # float32 math against float64; outputs lie in [0, 1]
+        expect(err <= tol, f"{case}: max {kind} error {err:.3g} against torch.softmax in float64 (tolerance {tol:g}). "
+               f"{meaning}")
+        expect(not wrote_outside, f"{case}: right values, but your kernel also wrote outside the rows of y (into "
+               "the lanes past n_cols, or past the last row): a lane past the row's end must not be stored")
+        if x.dtype != torch.bfloat16:
+            worst = max(worst, err)
+    passed("Triton row softmax", f"{len(_triton_cases())} cases in Triton's interpreter match torch.softmax "
+           f"(float32 max error {worst:.1e}), nothing written outside y's rows")

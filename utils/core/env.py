@@ -295,6 +295,8 @@ def capabilities() -> dict[str, Capability]:
         "openvino": _module("openvino", "openvino"),
         "tvm": _module("tvm", "apache-tvm"),
         "lightning": _module("lightning", "lightning"),
+        # the Triton language compiler (lesson 06), not the Triton Inference Server: CUDA builds of torch on Linux ship it
+        "triton": _module("triton", "triton (the Triton language; torch's CUDA builds on Linux install it)"),
         "torchserve": _torchserve(),
         "nginx": _nginx(),
     }

@@ -52,6 +52,9 @@ OPTIONAL_SECTIONS: dict[str, tuple[str, str]] = {
     "06.cuda-kernel": ("cuda+nvcc", "build and run the CUDA softmax kernel"),
     "06.cuda-compile-check": ("nvcc", "compile-check the .cu source with nvcc"),
     "06.gpu-sweep": ("cuda+nvcc", "softmax bandwidth sweep on the GPU"),
+    "06.triton-interpreter": ("triton", "the softmax in the Triton language, run by Triton's interpreter on CPU tensors"),
+    "06.triton-gpu": ("cuda", "the Triton softmax compiled on the GPU: parity, and GB/s against torch.softmax and the "
+                      "device's copy"),
     "07.gpu-sdpa": ("cuda", "SDPA flash vs math backend on the GPU: time and peak memory"),
 }
 

@@ -10,6 +10,8 @@ AVX-512 only when the build defines ``CPU_CAPABILITY_AVX2`` / ``CPU_CAPABILITY_A
 flags); without the define it compiles to plain loops, and nothing warns you.
 
 The operator the lesson registers (torch.library.custom_op, fake kernel, autograd) lives in ``utils.kernels.ops``.
+The same softmax in the Triton language, and a tiled matmul whose loads are counted, live in
+``utils.kernels.triton_softmax`` and ``utils.kernels.triton_matmul``: import them by name (they need triton).
 """
 
 from __future__ import annotations
