@@ -109,7 +109,11 @@ def test_manifest_for_the_native_onnxruntime_encoder(tmp_path, assets):
     pytest.importorskip("kubernetes_validate")
     onnx, tok, clf = assets
     tr.build_pipeline(tmp_path / "repo", onnx_path=onnx, tokenizer_json=tok, classifiers={1: clf}, num_classes=3,
-                      encoder_platform=True)
-    assert 'platform: "onnxruntime_onnx"' in (tmp_path / "repo" / "encoder" / "config.pbtxt").read_text()
+                      encoder_platform=True, encoder_instances=2, intra_op_threads=1, allow_spinning=False)
+    text = (tmp_path / "repo" / "encoder" / "config.pbtxt").read_text()
+    assert 'platform: "onnxruntime_onnx"' in text
+    # the container runs the measured layout: 2 instances x 1 ONNX Runtime thread, under the backend's own key
+    enc = tr.read_config(tmp_path / "repo" / "encoder")
+    assert enc.instance_group[0].count == 2 and enc.parameters["intra_op_thread_count"].string_value == "1"
     docs = td.k8s_manifest(tmp_path / "repo", name="ens", replicas=1, cpu=1, memory_mib=100, image=td.TRITON_IMAGE)
     assert td.validate_manifest(docs) == ["Deployment/ens", "Service/ens"]

@@ -35,6 +35,22 @@ def test_batching_off_has_no_block_and_platform_variant_has_no_python():
     assert not full.parameters and full.HasField("dynamic_batching")
 
 
+def test_platform_encoder_carries_the_measured_threads_under_the_backend_keys():
+    # the C++ onnxruntime backend reads intra_op_thread_count / inter_op_thread_count, not model.py's names
+    full = tr.encoder_config("enc", platform=True, instance_count=2, intra_op_threads=1, allow_spinning=False)
+    params = {k: v.string_value for k, v in full.parameters.items()}
+    assert params == {"intra_op_thread_count": "1", "inter_op_thread_count": "1"}
+    assert "intra_op_thread_count" in tr.to_pbtxt(full)
+    assert "none can spin" in tr.platform_spin_note(full)
+    wide = tr.encoder_config("enc", platform=True, intra_op_threads=2)
+    assert wide.parameters["intra_op_thread_count"].string_value == "2"
+    assert "spin" in tr.platform_spin_note(wide) and "none can" not in tr.platform_spin_note(wide)
+    with pytest.raises(ValueError, match="onnxruntime_onnx"):
+        tr.platform_spin_note(tr.encoder_config("enc"))
+    with pytest.raises(ValueError, match="intra_op_threads"):
+        tr.encoder_config("enc", platform=True, intra_op_threads=-1)
+
+
 def test_parse_rejects_unknown_field_with_its_name():
     with pytest.raises(ValueError, match="max_batch_sise"):
         tr.parse_pbtxt('name: "x"\nmax_batch_sise: 4\n')

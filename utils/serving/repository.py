@@ -51,6 +51,7 @@ __all__ = [
     "write_classifier",
     "preprocess_config",
     "encoder_config",
+    "platform_spin_note",
     "postprocess_config",
     "pipeline_config",
     "write_encoder",
@@ -404,8 +405,16 @@ def encoder_config(name: str = "encoder", *, max_batch_size: int = 32, dynamic_b
     same tensors with platform "onnxruntime_onnx", which a full Triton container serves from model.onnx directly.
     intra_op_threads (0 = ONNX Runtime's default, one per physical core) and allow_spinning (False: idle pool threads
     sleep rather than spin, which matters when other processes share the cores) go to model.py as parameters.
+    For platform=True the same thread choice goes to the C++ onnxruntime backend under its own keys
+    (``intra_op_thread_count``, and ``inter_op_thread_count`` 1 as model.py sets; the backend's README, "Model Config
+    Options"), so the container runs the thread layout that was measured. Spinning is not among the keys that README
+    lists: with 1 intra-op thread ORT starts no pool threads, so nothing spins; with more, the container's pool spins
+    before sleeping, ONNX Runtime's default (see ``platform_spin_note``).
     warmup_batch_sizes: one model_warmup sample of zeros per batch size, at sequence length `seq_len`.
     """
+    if not isinstance(intra_op_threads, int) or isinstance(intra_op_threads, bool) or intra_op_threads < 0:
+        raise ValueError(f"{name}: intra_op_threads must be an int >= 0 (0 = ONNX Runtime's default), "
+                         f"got {intra_op_threads!r}")
     warmup = []
     if warmup_batch_sizes:
         if not isinstance(seq_len, int) or seq_len < 1:
@@ -419,11 +428,26 @@ def encoder_config(name: str = "encoder", *, max_batch_size: int = 32, dynamic_b
         outputs=[("last_hidden_state", "FP32", [-1, HIDDEN_SIZE])],
     )
     if platform:
-        return model_config(name, backend=None, platform="onnxruntime_onnx", **kwargs)
+        # the onnxruntime backend's keys; 0 is its default (ORT picks), so only a chosen count is written
+        params = {"intra_op_thread_count": intra_op_threads, "inter_op_thread_count": 1} if intra_op_threads else {}
+        return model_config(name, backend=None, platform="onnxruntime_onnx", parameters=params, **kwargs)
     params = {"intra_op_threads": intra_op_threads}
     if not allow_spinning:
         params["allow_spinning"] = 0
     return model_config(name, parameters=params, **kwargs)
+
+
+def platform_spin_note(cfg) -> str:
+    """What an ``onnxruntime_onnx`` encoder config does with idle ONNX Runtime threads, in one line (lesson 05)."""
+    if cfg.platform != "onnxruntime_onnx":
+        raise ValueError(f"{cfg.name}: platform_spin_note reads an onnxruntime_onnx config, got "
+                         f"{cfg.platform or cfg.backend!r}")
+    threads = cfg.parameters["intra_op_thread_count"].string_value if "intra_op_thread_count" in cfg.parameters else ""
+    if threads == "1":
+        return "1 intra-op thread per instance: ONNX Runtime starts no pool threads, so none can spin"
+    shown = f"{threads} intra-op threads" if threads else "ONNX Runtime's default intra-op pool (one per core)"
+    return (f"{shown} per instance: spinning is not among the model-config keys the onnxruntime backend documents, "
+            "so idle pool threads spin a while before they sleep (ORT's default); measure it in the container")
 
 
 def postprocess_config(name: str = "postprocess", *, num_classes: int, max_batch_size: int = 32,
