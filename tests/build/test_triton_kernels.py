@@ -20,6 +20,9 @@ try:  # module level: the interpreter looks `tl` up in a kernel's globals
 except ImportError:
     tl = None
 
+if env.has("triton"):  # the Triton task's checks import triton; the tests that use them need it
+    from utils.checks import lab06_triton
+
 needs_triton = pytest.mark.skipif(not env.has("triton"), reason=f"needs triton: {env.capabilities()['triton'].reason}")
 needs_cxx = pytest.mark.skipif(not env.has("cxx"), reason="no C++ compiler")
 
@@ -262,10 +265,10 @@ def kernel_todo(x_ptr, y_ptr, x_row_stride, y_row_stride, n_cols, BLOCK: tl.cons
 
 @needs_triton
 def test_lab_triton_check_passes_a_correct_kernel_and_refuses_the_lessons(ts, capsys):
-    lab06.check_triton_kernel(kernel_correct)
+    lab06_triton.check_triton_kernel(kernel_correct)
     assert "PASSED Triton row softmax" in capsys.readouterr().out
     with pytest.raises(LabCheckFailed, match="lesson's kernel"):
-        lab06.check_triton_kernel(ts.softmax_kernel)
+        lab06_triton.check_triton_kernel(ts.softmax_kernel)
 
 
 @needs_triton
@@ -278,7 +281,7 @@ def test_lab_triton_check_passes_a_correct_kernel_and_refuses_the_lessons(ts, ca
 ])
 def test_lab_triton_check_names_the_symptom(ts, kernel, symptom):
     with pytest.raises(LabCheckFailed, match=symptom) as info:
-        lab06.check_triton_kernel(kernel)
+        lab06_triton.check_triton_kernel(kernel)
     assert "tl.load" not in str(info.value) and "other=" not in str(info.value)  # symptoms, never the answer
 
 
@@ -288,7 +291,7 @@ def test_lab_triton_check_wants_the_lab_signature(ts):
         pass
 
     with pytest.raises(LabCheckFailed, match="should take"):
-        lab06.check_triton_kernel(wrong)
+        lab06_triton.check_triton_kernel(wrong)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
