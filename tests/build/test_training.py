@@ -121,6 +121,15 @@ def test_ceiling_is_the_targeted_phases():
         training.ceiling(fix, {}, 0.0)
 
 
+def test_over_ceiling_flags_a_saving_above_the_ceiling_and_reads_the_interval_low_end():
+    # 140 ms step, ceiling 4.2 ms: 1.07x saves ~9.2 ms (flagged); 1.02x would save ~2.7 ms (within the ceiling)
+    ratio = bench.Ratio(1.07, 1.02, 1.08, rounds=3)
+    assert training.over_ceiling(3.0, 4.2, ratio, 140.0) == ""
+    flag = training.over_ceiling(7.3, 4.2, ratio, 140.0)
+    assert "MORE THAN THE CEILING" in flag and "only the interval's low end (1.02x" in flag
+    assert "even the interval's low end" in training.over_ceiling(20.0, 4.2, bench.Ratio(1.2, 1.15, 1.3), 140.0)
+
+
 def test_flush_log_writes_the_metrics_kept_on_the_device(dataset, tmp_path):
     log = tmp_path / "fast.log"
     with training.Trainer(dataset, training.LoopConfig(host_syncs=False), log_path=log, **SMALL) as tr:
@@ -239,7 +248,174 @@ def test_allocator_ab_arithmetic_and_validation():
 
 @pytest.mark.skipif(sys.platform != "linux", reason="anonymous mmap page faults: measured on Linux")
 def test_minor_fault_us_is_a_positive_time_per_repeat():
-    costs = training.minor_fault_us(2, repeats=2)
+    from utils.core import bench
+
+    costs = bench.minor_fault_us(2, repeats=2)
     assert len(costs) == 2 and all(0 < c < 10_000 for c in costs)  # microseconds, not seconds or nanoseconds
     with pytest.raises(ValueError, match="positive"):
-        training.minor_fault_us(0)
+        bench.minor_fault_us(0)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# lab 03's fast-loop check: the solution passes; loops that do not do the training they report fail, each with the
+# symptom. The loops are the lab's (ResNet-50 at 16x16, batch 4: its smoke sizes).
+# ---------------------------------------------------------------------------------------------------------------------
+
+LAB = dict(batch_size=4, steps=4)
+LR = 0.001
+
+
+@pytest.fixture(scope="module")
+def lab_dataset():
+    return image_data.AugmentedImages(image_data.synthetic_cifar(64, cache=False), image_size=16)
+
+
+def _slow_train(dataset, steps, batch_size, seed=0, on_step=None):
+    """The lab's slow loop: per-step host syncs and a deep copy of model and optimizer state."""
+    import copy
+
+    import torch.nn.functional as F
+
+    model = training.build_model("resnet50", seed=seed, num_classes=10)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+    batches, losses = iter(image_data.make_loader(dataset, batch_size, seed=seed)), []
+    for _ in range(steps):
+        images, labels = next(batches)
+        images, labels = images.clone().contiguous(), torch.tensor(labels.tolist())
+        optimizer.zero_grad(set_to_none=False)
+        logits = model(images)
+        loss = F.cross_entropy(logits, labels)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+        sum(p.grad.norm().item() ** 2 for p in model.parameters())
+        copy.deepcopy({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
+        if on_step is not None:
+            on_step()
+    return losses
+
+
+def _fast_train(dataset, steps, batch_size, seed=0, on_step=None):
+    """The lab's solution."""
+    import torch.nn.functional as F
+
+    model = training.build_model("resnet50", seed=seed, num_classes=10)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9, fused=True)
+    batches, losses = iter(image_data.make_loader(dataset, batch_size, seed=seed)), []
+    for _ in range(steps):
+        images, labels = next(batches)
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(images), labels)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.detach())
+        if on_step is not None:
+            on_step()
+    return torch.stack(losses).tolist()
+
+
+def test_lab03_fast_loop_check_passes_the_solution(lab_dataset, capsys):
+    from utils.checks import lab03
+
+    speedup = lab03.check_fast_loop(_fast_train, _slow_train, lab_dataset, **LAB)
+    assert speedup.low > 1.1 and speedup.rounds == 3
+    out = capsys.readouterr().out
+    assert "PASSED fast loop" in out and "compute bound" in out
+
+
+def _gamed_loops():
+    """Realistic ways to report fast steps without doing them."""
+
+    def burst(dataset, steps, batch_size, seed=0, on_step=None):  # train first, then call on_step back to back
+        losses = _fast_train(dataset, steps, batch_size, seed)
+        for _ in range(steps):
+            on_step()
+        return losses
+
+
+    def replay(dataset, steps, batch_size, seed=0, on_step=None):  # losses from a hand-written loop, empty steps timed
+        import torch.nn.functional as F
+
+        model = training.build_model("resnet50", seed=seed, num_classes=10)
+        velocity = {p: torch.zeros_like(p) for p in model.parameters()}
+        batches, losses = iter(image_data.make_loader(dataset, batch_size, seed=seed)), []
+        for _ in range(steps):  # SGD with momentum by hand: no optimizer.step() to count
+            images, labels = next(batches)
+            model.zero_grad()
+            loss = F.cross_entropy(model(images), labels)
+            loss.backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    velocity[p].mul_(0.9).add_(p.grad)
+                    p.sub_(LR * velocity[p])
+            losses.append(loss.item())
+        optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+        model.zero_grad(set_to_none=True)
+        for _ in range(steps):
+            optimizer.step()  # no gradients: nothing moves
+            on_step()
+        return losses
+
+    def course_trainer(dataset, steps, batch_size, seed=0, on_step=None):  # the lesson's own loop
+        trainer = training.Trainer(dataset, training.LoopConfig.fast(num_workers=0), batch_size=batch_size, seed=seed,
+                                   lr=LR)
+        for _ in range(steps):
+            trainer.step()
+            on_step()
+        return trainer.losses()
+
+    return {
+        "burst": (burst, r"stepped \[4, 0, 0, 0\] times before each"),
+        "replay": (replay, "weights moved differently"),
+        "course_trainer": (course_trainer, r"calls utils\.training\.loop\.Trainer\.train_on"),
+    }
+
+
+@pytest.mark.parametrize("name", ["burst", "replay", "course_trainer"])
+def test_lab03_fast_loop_check_rejects_loops_that_do_not_do_the_work(lab_dataset, name):
+    from utils.checks import LabCheckFailed, lab03
+
+    loop, message = _gamed_loops()[name]
+    with pytest.raises(LabCheckFailed, match=message):
+        lab03.check_fast_loop(loop, _slow_train, lab_dataset, **LAB)
+
+
+def test_lab03_fast_loop_check_wants_a_faster_step(lab_dataset):
+    from utils.checks import LabCheckFailed, lab03
+
+    # the slow loop against itself: a speedup of about 1 ("undecided" when other programs disturb the rounds)
+    with pytest.raises(LabCheckFailed, match=r"(not fast enough|undecided): fast_train vs slow_train: .* rounds\]"):
+        lab03.check_fast_loop(_slow_train, _slow_train, lab_dataset, **LAB)
+
+
+def test_lab03_steps_faster_than_the_compute_bound_are_rejected(lab_dataset):
+    """Two loops that agree with each other but train a model far smaller than the bound's ResNet-50: whatever a
+    loop reports, a step under half the compute bound's time is not that model's training step."""
+    from utils.checks import LabCheckFailed, lab03
+
+    def tiny(dataset, steps, batch_size, seed=0, on_step=None):
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 16 * 16, 10))
+        optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+        batches, losses = iter(image_data.make_loader(dataset, batch_size, seed=seed)), []
+        for _ in range(steps):
+            images, labels = next(batches)
+            optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(images), labels)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+            on_step()
+        return losses
+
+    with pytest.raises(LabCheckFailed, match="faster than the compute bound"):
+        lab03.check_fast_loop(tiny, tiny, lab_dataset, **LAB)
+
+
+def test_lab03_fast_loop_check_rejects_bad_arguments(lab_dataset):
+    from utils.checks import lab03
+
+    with pytest.raises(ValueError, match="steps must be >= 3"):
+        lab03.check_fast_loop(_fast_train, _slow_train, lab_dataset, batch_size=4, steps=2)
+    with pytest.raises(ValueError, match="rounds must be >= 2"):
+        lab03.check_fast_loop(_fast_train, _slow_train, lab_dataset, batch_size=4, steps=4, rounds=1)

@@ -18,6 +18,7 @@ def test_units_follow_the_flags():
     assert "AVX2" in precision.hardware_units(AVX2_EPYC).name
     assert "without bf16" in precision.hardware_units(AVX512_XEON).name
     assert "AVX512-BF16" in precision.hardware_units(ZEN4_EPYC).name
+    assert "peak to peak" in precision.hardware_units(ZEN4_EPYC).meaning  # not a cap on a measured ratio
     assert "AMX" in precision.hardware_units(AMX_XEON).name
     assert "tensor cores" in precision.hardware_units(set(), gpu_capability=(9, 0)).name
     assert "no tensor cores" in precision.hardware_units(set(), gpu_capability=(6, 1)).name

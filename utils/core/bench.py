@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import mmap
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -267,6 +268,31 @@ def geomean(values) -> float:
     if not values or any(v <= 0 for v in values):
         raise ValueError(f"geomean needs positive values, got {values}")
     return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def minor_fault_us(mib: int = 32, repeats: int = 5) -> list[float]:
+    """What one minor page fault costs here, in microseconds, once per repeat (lessons 03 and 04).
+
+    Maps `mib` MiB of fresh anonymous memory (mmap, outside malloc), writes one byte per page (each write faults a
+    zeroed page in), then writes the same bytes again (no faults): the difference over the page count is the fault.
+    """
+    if not isinstance(mib, int) or mib < 1 or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"mib and repeats must be positive ints, got {mib!r}, {repeats!r}")
+    page = mmap.PAGESIZE
+    out = []
+    import numpy as np
+
+    for _ in range(repeats):
+        with mmap.mmap(-1, mib * 2**20) as region:
+            pages = np.frombuffer(region, dtype=np.uint8)[::page]
+            t0 = time.perf_counter()
+            pages[:] = 1  # first touch: one minor fault per page
+            t1 = time.perf_counter()
+            pages[:] = 2  # the same writes, pages present
+            t2 = time.perf_counter()
+            del pages  # release the buffer before the mapping closes
+        out.append(((t1 - t0) - (t2 - t1)) / (mib * 2**20 // page) * 1e6)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------------------------

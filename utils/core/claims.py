@@ -102,8 +102,15 @@ CLAIMS: tuple[Claim, ...] = (
     Claim(
         "quantization-speed", "Quantization: 2-4x faster", _004,
         (("04_onnx_tensorrt", "int8_speedup"),), 2.0, 4.0,
-        also=(("04_onnx_tensorrt", "int8_top1_agreement"),),
-        explain="ONNX Runtime int8 vs fp32, same batch, same session options",
+        also=(("04_onnx_tensorrt", "digits_int8_accuracy_drop"),
+              ("04_onnx_tensorrt", "ort_dynamic_int8_bert_min_cosine"), ("07_llm_inference", "int8_decode_speedup"), ("07_llm_inference", "int8_fp32_activations_over_bf16")),
+        explain="the verdict is for static W8A8 int8 in ONNX Runtime vs fp32 (same batch, same session options) only; "
+        "weight-only int8 is a different method: lesson 07 times it on an LLM decode step against bf16 "
+        "(int8_decode_speedup), and with fp32 activations, which ATen's x86 int8 kernel runs in a scalar loop. "
+        "Accuracy is not part of this verdict: the timed vision model has random weights (its agreement with fp32 "
+        "is not accuracy); the accuracy evidence is the same static recipe on a trained digits model "
+        "(digits_int8_accuracy_drop, pp) and MiniLM dynamic int8's worst embedding cosine "
+        "(ort_dynamic_int8_bert_min_cosine), which lesson 04 judges against a 0.99 acceptance line",
     ),
     Claim(
         "batch-speedup", "Batch inference: 3-10x faster than single inference", _004,

@@ -13,8 +13,8 @@ tools the lesson reads it with.
 The names below are the loop's API, so a lesson writes ``training.Trainer(...)``.
 """
 
-from utils.training.ablation import Fix, FixTrial, ceiling, fixes, try_fix
-from utils.training.allocator import allocator_ab, keep_freed_memory, minor_fault_us, page_faults_per_step
+from utils.training.ablation import Fix, FixTrial, ceiling, fixes, over_ceiling, try_fix
+from utils.training.allocator import allocator_ab, keep_freed_memory, page_faults_per_step
 from utils.training.loop import (
     LoopConfig,
     Trainer,
@@ -28,6 +28,5 @@ from utils.training.loop import (
 
 __all__ = [
     "LoopConfig", "Trainer", "amp_dtype", "build_model", "compare_loops", "fix_diff", "loop_source", "synthetic_step",
-    "Fix", "FixTrial", "ceiling", "fixes", "try_fix", "keep_freed_memory", "page_faults_per_step", "allocator_ab",
-    "minor_fault_us",
+    "Fix", "FixTrial", "ceiling", "fixes", "over_ceiling", "try_fix", "keep_freed_memory", "page_faults_per_step", "allocator_ab",
 ]

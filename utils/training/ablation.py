@@ -77,6 +77,20 @@ def ceiling(fix: Fix, phase_ms: dict, step_ms: float) -> tuple[float, float]:
     return saving, (step_ms / (step_ms - saving) if saving < step_ms else float("inf"))
 
 
+def over_ceiling(saved_ms: float, cap_ms: float, ratio: bench.Ratio, current_ms: float) -> str:
+    """The flag a row of the ablation gets when its measured saving exceeds its ceiling (lesson 03), else "".
+
+    `saved_ms` is the median saving, `ratio` the fix's speedup over the loop that took `current_ms` per step: the
+    flag says whether the interval's low end (the smallest saving the rounds allow) is still within the ceiling.
+    """
+    if saved_ms <= cap_ms:
+        return ""
+    low_saved = current_ms * (1 - 1 / ratio.low) if ratio.low > 0 else float("-inf")
+    low = f"the interval's low end ({ratio.low:.2f}x, {low_saved:.1f} ms saved)"
+    return ("  <- MORE THAN THE CEILING: noise, or the fix changed more than its phases; "
+            + (f"only {low} is consistent with it" if low_saved <= cap_ms else f"even {low} exceeds it"))
+
+
 @dataclass
 class FixTrial:
     """What try_fix() measured (lesson 03): the best candidate (a live Trainer), its speedup over the current loop

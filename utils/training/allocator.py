@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import mmap
 import os
 import platform
 import resource
@@ -21,14 +20,11 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-import numpy as np
-
 from utils.core import bench, env
 from utils.core.data import image_data
 from utils.training.loop import LoopConfig, Trainer
 
-__all__ = ["page_faults_per_step", "keep_freed_memory", "KEEP_TUNABLES", "AllocatorAB", "allocator_ab",
-           "minor_fault_us"]
+__all__ = ["page_faults_per_step", "keep_freed_memory", "KEEP_TUNABLES", "AllocatorAB", "allocator_ab"]
 
 # the same settings as keep_freed_memory(), for a process that has not started yet
 KEEP_TUNABLES = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=2147483647"
@@ -162,29 +158,6 @@ def allocator_ab(*, n_images: int, image_size: int, batch_size: int, steps: int 
                         child.kill()
                         child.wait()
     return AllocatorAB(tuple(ms["default"]), tuple(ms["kept"]), tuple(faults["default"]), tuple(faults["kept"]))
-
-
-def minor_fault_us(mib: int = 32, repeats: int = 5) -> list[float]:
-    """What one minor page fault costs here, in microseconds, once per repeat (lesson 03's micro-benchmark).
-
-    Maps `mib` MiB of fresh anonymous memory (mmap, outside malloc), writes one byte per page (each write faults a
-    zeroed page in), then writes the same bytes again (no faults): the difference over the page count is the fault.
-    """
-    if not isinstance(mib, int) or mib < 1 or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"mib and repeats must be positive ints, got {mib!r}, {repeats!r}")
-    page = resource.getpagesize()
-    out = []
-    for _ in range(repeats):
-        with mmap.mmap(-1, mib * 2**20) as region:
-            pages = np.frombuffer(region, dtype=np.uint8)[::page]
-            t0 = time.perf_counter()
-            pages[:] = 1  # first touch: one minor fault per page
-            t1 = time.perf_counter()
-            pages[:] = 2  # the same writes, pages present
-            t2 = time.perf_counter()
-            del pages  # release the buffer before the mapping closes
-        out.append(((t1 - t0) - (t2 - t1)) / (mib * 2**20 // page) * 1e6)
-    return out
 
 
 def _child(args: dict) -> None:
