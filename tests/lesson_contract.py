@@ -56,6 +56,19 @@ REQUIRED_METRICS = {
         "preprocess_in_graph_parity_max_abs", "conversion_gate_checks", "ort_level_all_vs_disabled",
         "bert_fused_file_vs_exported_bs1", "bert_ort_speedup_vs_eager_bs1",
     ],
+    "04_quantization": [
+        # the affine mapping and the integer matmul (section 1)
+        "affine_roundtrip_max_error_steps", "per_channel_error_gain", "int_matmul_exact",
+        "matmul_error_rms_over_predicted",
+        # calibration methods with and without outliers (section 2), PTQ against QAT (section 3)
+        "digits_mlp_fp32_accuracy", "calib_minmax_glitched_input_max", "calib_percentile_glitched_input_max",
+        "calib_entropy_glitched_input_max", "calib_minmax_glitch_cost_pp", "calib_percentile_glitch_cost_pp",
+        "calib_entropy_glitch_cost_pp", "fake_quant_vs_torch_max_abs", "qat_vs_ptq_accuracy_4bit",
+        "qat_vs_ptq_accuracy_8bit", "qat_vs_ptq_accuracy_2bit", "ptq_4bit_accuracy_drop",
+        # weight-only 4-bit on TinyGPT (section 4) and SmoothQuant (section 5)
+        "int4_bytes_per_weight", "int4_size_ratio_vs_fp32", "gptq_vs_rtn_drift", "awq_vs_rtn_drift",
+        "int4_rtn_loss_delta", "int4_gptq_loss_delta", "int4_awq_loss_delta", "smoothquant_w8a8_drift",
+    ],
     "05_triton_ensemble": [
         "dynamic_batching_throughput_gain", "p95_ms_batching", "p95_ms_no_batching", "ensemble_parity_max_abs",
         "bad_requests_rejected", "healthy_after_bad_requests", "load_requests", "load_requests_failed_or_wrong",
@@ -70,6 +83,8 @@ REQUIRED_METRICS = {
         "softmax_speedup_vs_torch_geomean", "softmax_speedup_vs_naive_geomean", "softmax_best_fraction_of_copy_bw",
         "softmax_large_fraction_of_roof", "softmax_speedup_vs_torch_same_exp_geomean",
         "opcheck_passed", "gradcheck_passed",
+        # the softmax in the Triton language, in Triton's interpreter (excused in SECTION_METRICS["06.triton-interpreter"])
+        "triton_softmax_parity_max_abs", "tiled_matmul_global_bytes_ratio",
     ],
     "08_interview_prep": ["bank_questions", "code_proofs_run", "code_proofs_passed"],
     "07_llm_inference": [
@@ -78,6 +93,12 @@ REQUIRED_METRICS = {
         "serving_all_tokens_correct", "static_padding_waste_fraction", "kv_paged_waste_fraction",
         "int8_weight_size_ratio", "int8_logit_max_rel_diff", "decode_fraction_of_memory_bound",
         "prefill_over_decode_tokens_per_s",
+    ],
+    "07_llm_serving": [
+        "paged_logit_parity", "paged_serving_capacity_gain", "paged_serving_throughput_gain", "paged_serving_all_greedy",
+        "prefix_cache_logits_max_abs", "prefix_cache_ttft_saved", "prefix_cache_hit_rate", "spec_decode_greedy_identical",
+        "spec_decode_speedup", "spec_decode_acceptance_rate", "spec_decode_distribution_pvalue",
+        "spec_decode_wrong_rule_pvalue", "gqa_kv_bytes_ratio",
     ],
 }
 
@@ -109,4 +130,5 @@ SECTION_METRICS = {
         "torchserve_parity_max_abs", "torchserve_p50_ms", "torchserve_p95_ms", "torchserve_vs_triton_p50",
         "torchserve_stopped_clean",
     ],
+    "06.triton-interpreter": ["triton_softmax_parity_max_abs", "tiled_matmul_global_bytes_ratio"],
 }

@@ -5,9 +5,12 @@ message that says what was expected, what came, and which TODO to fill in (gener
 
 from __future__ import annotations
 
+import contextlib
+import sys
+import threading
 from collections.abc import Callable
 
-__all__ = ["LabCheckFailed", "call", "expect", "passed"]
+__all__ = ["LabCheckFailed", "call", "expect", "passed", "no_reference"]
 
 
 class LabCheckFailed(AssertionError):
@@ -32,3 +35,37 @@ def expect(condition: bool, message: str) -> None:
 def passed(check: str, detail: str = "") -> None:
     """Print the one line a passing check shows."""
     print(f"PASSED {check}" + (f": {detail}" if detail else ""))
+
+
+@contextlib.contextmanager
+def no_reference(*functions: Callable, what: str = "your function"):
+    """Fail with LabCheckFailed when one of `functions` (the course's own implementation of the task) runs inside the
+    block, however the learner imported it: calls are recognised by sys.setprofile (this thread and threads started
+    in the block), Python functions by their code object and built-ins (C functions such as torch's) by identity, so
+    an answer that only wraps the reference cannot pass. That failure replaces any other one the block raised."""
+    names = {}
+    for fn in functions:
+        key = getattr(fn, "__code__", None) or (fn if callable(fn) and not hasattr(fn, "__dict__") else None)
+        if key is None:
+            raise TypeError(f"no_reference() takes Python functions or built-ins, got {fn!r}")
+        name = fn.__qualname__ if key is getattr(fn, "__code__", None) else fn.__name__
+        names[key] = f"{getattr(fn, '__module__', None) or 'builtins'}.{name}"
+    seen: list[str] = []
+    previous, previous_threads = sys.getprofile(), threading.getprofile()
+
+    def watch(frame, event, arg):
+        if not seen and ((event == "call" and frame.f_code in names) or (event == "c_call" and arg in names)):
+            seen.append(names[frame.f_code if event == "call" else arg])
+        if previous is not None:
+            previous(frame, event, arg)
+
+    sys.setprofile(watch)
+    threading.setprofile(watch)
+    try:
+        yield
+    finally:
+        sys.setprofile(previous)
+        threading.setprofile(previous_threads)
+        if seen:
+            raise LabCheckFailed(f"{what} calls {seen[0]}, the course's reference implementation of this task: "
+                                 "write the steps yourself") from None

@@ -28,9 +28,11 @@ WORKSHOP_PLAN: dict[str, tuple[int, int]] = {
     "02_graphs": (25, 25),
     "03_profiling_amp": (20, 25),
     "04_onnx_tensorrt": (25, 25),
+    "04_quantization": (20, 20),  # part 2 of lesson 04, with its lab
     "05_triton_ensemble": (20, 20),
     "06_fused_softmax": (20, 25),
     "07_llm_inference": (20, 25),
+    "07_llm_serving": (15, 0),  # part 2 of lesson 07: no lab of its own
     "08_interview_prep": (10, 20),
 }
 _BREAKS = ((10 * 60 + 30, "coffee break", 15), (12 * 60 + 30, "lunch", 60), (15 * 60 + 15, "break", 15))
