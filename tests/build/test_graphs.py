@@ -239,6 +239,30 @@ class _WrongBranch(graphs.GatedMLP):
         )
 
 
+class _SwappedCond(graphs.GatedMLP):  # the same decision written the other way round: correct
+    def forward(self, x):
+        return torch.cond(
+            x.mean() <= 0,
+            lambda x: x - self.fc2(torch.tanh(self.fc1(x))),
+            lambda x: x + self.fc2(torch.relu(self.fc1(x))),
+            (x,),
+        )
+
+
+def _both_paths(self, x):
+    return torch.where(x.mean() > 0, x + self.fc2(torch.relu(self.fc1(x))), x - self.fc2(torch.tanh(self.fc1(x))))
+
+
+class _WhereInsideCond(graphs.GatedMLP):  # a do-nothing cond: both branches are the same torch.where
+    def forward(self, x):
+        return torch.cond(x.mean() > 0, lambda x: _both_paths(self, x), lambda x: _both_paths(self, x), (x,))
+
+
+class _ConstantPredicate(graphs.GatedMLP):  # a cond whose predicate is always true: the false branch never runs
+    def forward(self, x):
+        return torch.cond(x.abs().sum() >= 0, lambda x: _both_paths(self, x), lambda x: x * 0, (x,))
+
+
 def _good_export(model, example):
     return torch.export.export(model, (example,), dynamic_shapes={"x": {0: torch.export.Dim("batch", min=1, max=64)}})
 
@@ -250,15 +274,35 @@ def test_lab02_checks_pass_on_good_answers(capsys):
     assert out.count("PASSED") == 2
 
 
+def test_lab02_cond_check_passes_a_cond_written_the_other_way_round(capsys):
+    lab02.check_cond_model(_SwappedCond)
+    assert "PASSED" in capsys.readouterr().out
+
+
+# what an answer would have to contain; no failure message may show it
+_ANSWER_TEXT = ("torch.cond(", "dynamic_shapes", "Dim(", "x.mean()", "for _ in range", "steps: int")
+
+
+def _fails_with(check, *args, match):
+    with pytest.raises(LabCheckFailed, match=match) as caught:
+        check(*args)
+    message = str(caught.value)
+    assert not [t for t in _ANSWER_TEXT if t in message], f"the message shows the answer: {message}"
+    return message
+
+
 def test_lab02_checks_explain_bad_answers():
-    with pytest.raises(LabCheckFailed, match="tanh"):
-        lab02.check_cond_model(_WrongBranch)
-    with pytest.raises(LabCheckFailed, match="torch.cond"):
-        lab02.check_cond_model(graphs.GatedMLP)  # still a Python if: export fails
-    with pytest.raises(LabCheckFailed, match="dynamic_shapes"):
-        lab02.check_export(lambda m, x: torch.export.export(m, (x,)), _GoodCond)  # batch specialized to 4
-    with pytest.raises(LabCheckFailed, match="ExportedProgram"):
-        lab02.check_export(lambda m, x: m, _GoodCond)
+    _fails_with(lab02.check_cond_model, _WrongBranch, match="tanh")
+    _fails_with(lab02.check_cond_model, graphs.GatedMLP, match="cannot be traced")  # still a Python if
+    _fails_with(lab02.check_export, lambda m, x: torch.export.export(m, (x,)), _GoodCond,  # batch specialized to 4
+                match="rejects batch 3.*accepts only that batch size")
+    _fails_with(lab02.check_export, lambda m, x: m, _GoodCond, match="ExportedProgram")
+
+
+def test_lab02_cond_check_runs_each_branch():
+    # both pass an eager parity test and export with a cond node: only running each branch tells them apart
+    _fails_with(lab02.check_cond_model, _WhereInsideCond, match="both branches of the cond return the same values")
+    _fails_with(lab02.check_cond_model, _ConstantPredicate, match="predicate does not follow the input")
 
 
 class _Loop(torch.nn.Module):
@@ -287,8 +331,7 @@ class _Stub(_Loop):
 def test_lab02_scripted_loop_check(capsys):
     lab02.check_scripted_loop(_Loop)
     assert "PASSED" in capsys.readouterr().out
-    with pytest.raises(LabCheckFailed, match="steps=1"):
-        lab02.check_scripted_loop(_OffByOne)
+    _fails_with(lab02.check_scripted_loop, _OffByOne, match="steps=1")
     with pytest.raises(LabCheckFailed, match="not written yet"):
         lab02.check_scripted_loop(_Stub)
 

@@ -166,3 +166,82 @@ def test_refuses_to_run_without_a_sandbox(root, tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="refusing"):
         grade.grade(tmp_path / "subs", tmp_path / "g.csv", root=root)
     assert grade.main([str(tmp_path / "subs"), "--out", str(tmp_path / "g.csv")]) == 2
+
+
+def test_the_sandbox_gives_a_private_tmp_when_scratch_lives_under_tmp():
+    """Scratch under /tmp (pytest's own tmp_path usually is): the command still gets a private, writable /tmp (the
+    Triton Python backend aborts without one), its scratch folder, and nothing else of the host's /tmp."""
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    import uuid
+    from pathlib import Path
+
+    from utils.core import env
+
+    box = sandbox.sandbox()
+    if not box.enforced:
+        pytest.skip(f"no sandbox on this machine: {box.description}")
+    parent = Path(tempfile.mkdtemp(prefix="grade-tmp-test-", dir="/tmp"))
+    scratch = parent / "scratch"
+    scratch.mkdir()
+    private = f"/tmp/sandbox-private-{uuid.uuid4().hex}.txt"
+    script = (
+        "import os, tempfile\n"
+        f"open({private!r}, 'w').write('x')\n"
+        "print('PRIVATE_TMP', os.path.exists(" + repr(private) + "), tempfile.mkdtemp(dir='/tmp'))\n"
+        "open('inside.txt', 'w').write('ok')\n"
+        f"try:\n    open({str(parent / 'outside.txt')!r}, 'w').write('x'); print('ESCAPED')\n"
+        "except OSError as e:\n    print('BLOCKED', e.strerror)\n"
+    )
+    try:
+        proc = subprocess.run([*box.prefix, *sandbox.stage(scratch, [sys.executable, "-c", script])],
+                              capture_output=True, text=True, timeout=120, cwd=env.repo_root(), env=env.child_environ())
+        assert proc.returncode == 0, proc.stderr
+        assert "PRIVATE_TMP True /tmp/" in proc.stdout and "BLOCKED" in proc.stdout, proc.stdout + proc.stderr
+        assert (scratch / "inside.txt").read_text() == "ok", "the scratch folder is the host's"
+        assert not os.path.exists(private), "the sandbox's /tmp is its own, not the host's"
+        assert not (parent / "outside.txt").exists()
+    finally:
+        import shutil
+
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+def test_grading_lab05_from_a_folder_under_tmp():
+    """The real lab 05, graded from /tmp in smoke mode (slow: each submission starts a Triton server): the solution
+    passes every check; a tuning no better than the baseline fails the speed check with its measurement."""
+    import json
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from utils.core import env
+
+    box = sandbox.sandbox()
+    if not box.enforced:
+        pytest.skip(f"no sandbox on this machine: {box.description}")
+    if not env.has("tritonserver"):
+        pytest.skip(env.capabilities()["tritonserver"].reason)
+    lab = "05_triton_ensemble_lab"
+    solution = env.repo_root() / "solutions" / f"{lab}.ipynb"
+    folder = Path(tempfile.mkdtemp(prefix="grade-lab05-", dir="/tmp"))
+    try:
+        shutil.copy(solution, folder / f"alice_{lab}.ipynb")
+        nb = json.loads(solution.read_text())
+        for cell in nb["cells"]:
+            src = "".join(cell["source"])
+            if src.startswith("def my_tuning"):  # the baseline's own settings: nothing to gain
+                cell["source"] = "def my_tuning() -> dict:\n    return dict(max_batch_size=16, batching=False, threads=0)\n"
+        (folder / f"bob_{lab}.ipynb").write_text(json.dumps(nb))
+        rows = _read(grade.grade(folder, folder / "grades.csv", timeout=600))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    got = {(r["learner"], r["check"]): r for r in rows}
+    assert {r["status"] for r in rows if r["learner"] == "alice"} == {"passed"}, rows
+    bob = got[("bob", "check_tuned")]
+    # "undecided" when other programs disturbed the rounds; either way a measurement, not a pass
+    assert bob["status"] == "failed" and bob["detail"].startswith(("not yet", "undecided")), bob
+    assert "interleaved rounds" in bob["detail"]
+    assert {r["status"] for r in rows if r["learner"] == "bob" and r["check"] != "check_tuned"} == {"passed"}

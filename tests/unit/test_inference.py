@@ -259,20 +259,54 @@ def test_cold_start_rejects_bad_arguments():
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# lab 01 checks: they pass on the reference helpers and fail clearly on typical mistakes
+# lab 01 checks: they pass on a hand-written predict and fail clearly on typical mistakes and on the reference
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def _reference_predict(model, x, max_batch=16):
-    return inference.predict(model, x, max_batch=max_batch)
+def _learner_predict(model, x, max_batch=16):
+    """A learner's correct predict, written by hand (the lab's solution)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != 4 or x.shape[0] == 0 or x.shape[1] != 3:
+        raise ValueError(f"x must be a non-empty (N, 3, H, W) batch, got shape {tuple(x.shape)}")
+    if not x.is_floating_point():
+        raise TypeError(f"x must be a floating-point tensor, got {x.dtype}")
+    if max_batch < 1:
+        raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+    device = next(model.parameters()).device
+    model.eval()
+    with torch.inference_mode():
+        return torch.cat([model(chunk.to(device)).cpu() for chunk in x.split(max_batch)])
 
 
-def test_lab_checks_pass_on_the_reference():
-    lab01.check_predict_correct(_reference_predict)
-    lab01.check_no_graph(_reference_predict)
-    lab01.check_batching(_reference_predict)
-    lab01.check_validation(_reference_predict)
-    lab01.check_device_placement(_reference_predict)
+def test_lab_checks_pass_on_a_hand_written_predict(capsys):
+    lab01.check_predict_correct(_learner_predict)
+    lab01.check_no_graph(_learner_predict)
+    lab01.check_batching(_learner_predict)
+    lab01.check_validation(_learner_predict)
+    lab01.check_device_placement(_learner_predict)
+    assert capsys.readouterr().out.count("PASSED") == 5
+
+
+def test_lab_checks_fail_an_answer_that_calls_the_reference():
+    from utils.inference import predict as imported_by_name  # however it is bound
+    from utils.inference import validate_images
+
+    def wraps_reference(model, x, max_batch=16):
+        return inference.predict(model, x, max_batch=max_batch)
+
+    def validates_with_reference(model, x, max_batch=16):
+        validate_images(x)
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        return _learner_predict(model, x, max_batch)
+
+    for answer in (wraps_reference, lambda m, x, max_batch=16: imported_by_name(m, x, max_batch=max_batch)):
+        for check in (lab01.check_predict_correct, lab01.check_batching, lab01.check_validation):
+            with pytest.raises(LabCheckFailed, match=r"calls utils\.inference\.predict, the course's reference"):
+                check(answer)
+    with pytest.raises(LabCheckFailed, match=r"calls utils\.inference\.validate_images"):
+        lab01.check_validation(validates_with_reference)
 
 
 def test_lab_checks_catch_typical_mistakes():
@@ -280,23 +314,25 @@ def test_lab_checks_catch_typical_mistakes():
         with torch.inference_mode():
             return model(x)
 
-    with pytest.raises(LabCheckFailed, match="model.eval"):
+    with pytest.raises(LabCheckFailed, match="Dropout"):
         lab01.check_predict_correct(no_eval)
 
     def detach_only(model, x, max_batch=16):
         model.eval()
         return model(x).detach()
 
-    with pytest.raises(LabCheckFailed, match="saved .* tensors for backward"):
+    with pytest.raises(LabCheckFailed, match="saved .* tensors for backward") as caught:
         lab01.check_no_graph(detach_only)
+    assert "inference_mode" not in str(caught.value), "the message names the symptom, not the fix"
 
     def one_big_batch(model, x, max_batch=16):
         if max_batch < 1:
             raise ValueError(f"max_batch {max_batch}")
-        return inference.predict(model, x, max_batch=10**6)
+        return _learner_predict(model, x, max_batch=10**6)
 
-    with pytest.raises(LabCheckFailed, match="chunks of at most 8"):
+    with pytest.raises(LabCheckFailed, match="batches of \\[37\\]") as caught:
         lab01.check_batching(one_big_batch)
+    assert "split" not in str(caught.value)
 
     def no_validation(model, x, max_batch=16):
         model.eval()
@@ -311,8 +347,9 @@ def test_lab_checks_catch_typical_mistakes():
         with torch.inference_mode():
             return model(x)
 
-    with pytest.raises(LabCheckFailed, match="received inputs on \\['cpu'\\]"):
+    with pytest.raises(LabCheckFailed, match="received inputs on \\['cpu'\\]") as caught:
         lab01.check_device_placement(ignores_device)
+    assert "parameters()" not in str(caught.value)
 
 
 def test_lab_benchmark_and_pick_checks():
@@ -335,15 +372,24 @@ def test_lab_benchmark_and_pick_checks():
         return {bs: {"latency_ms": r["latency_ms"] / 1e3, "images_per_s": r["images_per_s"] * 1e3}
                 for bs, r in res.items()}
 
-    with pytest.raises(LabCheckFailed, match="ONE call in milliseconds"):
+    with pytest.raises(LabCheckFailed, match="not the time of one call in milliseconds"):
         lab01.check_benchmark(seconds_not_ms)
 
     def with_grad(model, batch_sizes, image_size=64):
         model.eval()
         return {bs: {"latency_ms": 1.0, "images_per_s": bs * 1e3} for bs in batch_sizes if model(torch.randn(bs, 3, 8, 8)) is not None}
 
-    with pytest.raises(LabCheckFailed, match="autograd enabled"):
+    with pytest.raises(LabCheckFailed, match="autograd recording"):
         lab01.check_benchmark(with_grad)
+
+    def with_course_sweep(model, batch_sizes, image_size=64):
+        model.eval()
+        sweep = inference.throughput_sweep(model, batch_sizes, lambda bs: torch.randn(bs, 3, image_size, image_size),
+                                           rounds=1, min_run_time=0.01)
+        return {bs: {"latency_ms": r.median_ms, "images_per_s": r.throughput} for bs, r in sweep.results.items()}
+
+    with pytest.raises(LabCheckFailed, match="calls utils.inference.throughput_sweep"):
+        lab01.check_benchmark(with_course_sweep)
 
     def pick(results, budget):
         fitting = {bs: r for bs, r in results.items() if r["latency_ms"] <= budget}
@@ -354,3 +400,31 @@ def test_lab_benchmark_and_pick_checks():
     lab01.check_pick_batch_size(pick)
     with pytest.raises(LabCheckFailed, match="best batch size is"):
         lab01.check_pick_batch_size(lambda results, budget: max(results))
+
+
+def test_no_reference_catches_calls_however_they_are_made():
+    """utils.checks.no_reference, the helper behind "your predict calls utils.inference.predict": Python functions by
+    their code object (aliases, other threads), built-ins (torch's C functions) by identity."""
+    import sys
+    import threading
+
+    from utils.checks import no_reference
+
+    alias = inference.predict
+    calls = {
+        "alias": lambda: alias(inference.tiny_cnn(), torch.randn(2, 3, 8, 8)),
+        "thread": lambda: [t := threading.Thread(target=inference.validate_images, args=(torch.randn(1, 3, 4, 4),)),
+                           t.start(), t.join()],
+        "builtin": lambda: torch._softmax_backward_data(torch.ones(3), torch.ones(3), 0, torch.float32),
+    }
+    watched = (inference.predict, inference.validate_images, torch._softmax_backward_data)
+    for body in calls.values():
+        with pytest.raises(LabCheckFailed, match="your answer calls (utils.inference|torch)"):
+            with no_reference(*watched, what="your answer"):
+                body()
+    with no_reference(*watched, what="your answer"):
+        torch.softmax(torch.ones(3), 0)  # anything else runs untouched
+    assert sys.getprofile() is None and threading.getprofile() is None, "the profiler hook is removed afterwards"
+    with pytest.raises(TypeError, match="Python functions or built-ins"):
+        with no_reference(inference.Sweep):
+            pass

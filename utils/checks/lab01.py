@@ -1,7 +1,8 @@
 """Checks for labs/01_inference_modes_lab.ipynb (lesson 01: a correct, fast predict and a batch-size benchmark).
 
 Each check builds its own small models and inputs, calls the learner's function through utils.checks.call (so a TODO
-stub fails with a clear message), and compares with utils.inference, the lesson's reference helpers.
+stub fails with a clear message), and compares with utils.inference, the lesson's reference helpers. The learner's
+function runs under utils.checks.no_reference: an answer that calls those reference helpers fails.
 """
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ import math
 import time
 
 from utils import inference
-from utils.checks import LabCheckFailed, call, expect, passed
+from utils.checks import LabCheckFailed, call, expect, no_reference, passed
+
+# the lesson's reference: a predict (or benchmark) that calls these is the course's answer, not the learner's
+_REFERENCE_PREDICT = (inference.predict, inference.validate_images, inference.model_device, inference.check_same_device)
 
 
 def _recording(inner):
@@ -46,24 +50,31 @@ def _images(n, seed=0, size=32):
     return torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(seed))
 
 
+def _predict(predict, *args, what: str, **kwargs):
+    """The learner's predict, called as a check calls it (a stub or a call to the reference fails clearly)."""
+    with no_reference(*_REFERENCE_PREDICT, what="your predict"):
+        return call(predict, *args, what=what, **kwargs)
+
+
 def check_predict_correct(predict) -> None:
     """predict(model, x, max_batch) matches the reference on a model left in train mode, with a CPU float output."""
     import torch
 
     model = inference.tiny_cnn(seed=1)  # train mode on purpose: Dropout and BatchNorm must be switched off
     reference = inference.predict(copy.deepcopy(model), _images(10), max_batch=4)
-    got = call(predict, model, _images(10), max_batch=4, what="predict(model, x, max_batch=4)")
+    got = _predict(predict, model, _images(10), max_batch=4, what="predict(model, x, max_batch=4)")
     expect(torch.is_tensor(got), f"predict should return a torch.Tensor, got {type(got).__name__}")
     expect(tuple(got.shape) == tuple(reference.shape),
            f"predict returned shape {tuple(got.shape)}, expected {tuple(reference.shape)} (one row per input image)")
     expect(got.device.type == "cpu", f"predict should return its outputs on the CPU, got {got.device}")
-    again = call(predict, inference.tiny_cnn(seed=1), _images(10), max_batch=4, what="predict(model, x, max_batch=4)")
+    again = _predict(predict, model, _images(10), max_batch=4, what="predict(model, x, max_batch=4)")  # RNG moved on
     if not torch.equal(got, again):
-        raise LabCheckFailed("two predict() calls on the same model and input gave different outputs: Dropout is still "
-                             "active. Call model.eval() before running the model.")
+        raise LabCheckFailed("two predict() calls on the same model and input gave different outputs: something random "
+                             "(Dropout) is still switched on while the model serves")
     err = (got.float() - reference).abs().max().item()
-    expect(err <= 1e-5, f"predict differs from the reference by up to {err:.3g} (expected <= 1e-5): is BatchNorm "
-                        "using the running statistics (model.eval()) and are the chunks concatenated in order?")
+    expect(err <= 1e-5, f"predict differs from the reference by up to {err:.3g} (expected <= 1e-5): an image's output "
+                        "depends on the other images of its batch (BatchNorm still normalizing with the batch's own "
+                        "statistics?), or the outputs come back in another order than the images")
     passed("predict is correct", f"max |diff| vs reference {err:.2g}")
 
 
@@ -80,12 +91,13 @@ def check_no_graph(predict) -> None:
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = call(predict, model, _images(6), max_batch=3, what="predict(model, x, max_batch=3)")
+        out = _predict(predict, model, _images(6), max_batch=3, what="predict(model, x, max_batch=3)")
     expect(torch.is_tensor(out), f"predict should return a torch.Tensor, got {type(out).__name__}")
-    expect(not packed, f"autograd saved {len(packed)} tensors for backward during predict: run the model inside "
-                       "`with torch.inference_mode():` (or torch.no_grad()), not just .detach() the result")
+    expect(not packed, f"autograd saved {len(packed)} tensors for backward during predict: the model ran while "
+                       "autograd was recording, and those activations stayed alive for a backward pass that never "
+                       "comes (detaching the result afterwards is too late)")
     expect(out.grad_fn is None and not out.requires_grad,
-           f"the output still belongs to an autograd graph (grad_fn={out.grad_fn}): use torch.inference_mode()")
+           f"the output still belongs to an autograd graph (grad_fn={out.grad_fn}): autograd recorded the forward pass")
     passed("no autograd graph", "0 tensors saved for backward, the output has no grad_fn")
 
 
@@ -97,23 +109,25 @@ def check_batching(predict) -> None:
     x = _images(37, seed=3)
     reference = inference.predict(copy.deepcopy(inner), x, max_batch=37)
     rec = _recording(inner)
-    got = call(predict, rec, x, max_batch=8, what="predict(model, x, max_batch=8)")
+    got = _predict(predict, rec, x, max_batch=8, what="predict(model, x, max_batch=8)")
     sizes = [c["batch"] for c in rec.calls]
     expect(sizes, "predict never called the model")
-    expect(max(sizes) <= 8, f"with max_batch=8 the model saw batches of {sizes}: split x into chunks of at most 8 "
-                            "(x.split(max_batch)) and run them one after another")
+    expect(max(sizes) <= 8, f"with max_batch=8 the model saw batches of {sizes}: a batch larger than max_batch "
+                            "reached the model, so memory grows with the size of x")
     expect(sum(sizes) == 37, f"the model saw {sum(sizes)} images in batches {sizes}, but x has 37")
     expect(torch.is_tensor(got) and tuple(got.shape) == (37, 10),
            f"predict should return all 37 rows, got {getattr(got, 'shape', type(got).__name__)}")
     err = (got.float() - reference).abs().max().item()
-    expect(err <= 1e-5, f"outputs differ from the reference by {err:.3g}: concatenate the chunks in their order")
+    expect(err <= 1e-5, f"outputs differ from the reference by {err:.3g}: rows come back in another order than the "
+                        "images, or some were computed twice")
     rec.calls.clear()
-    call(predict, rec, x[:5], max_batch=64, what="predict(model, x[:5], max_batch=64)")
+    _predict(predict, rec, x[:5], max_batch=64, what="predict(model, x[:5], max_batch=64)")
     expect([c["batch"] for c in rec.calls] == [5],
            f"5 images with max_batch=64 should be one call of 5, got {[c['batch'] for c in rec.calls]}")
     for bad in (0, -1):
         try:
-            predict(rec, x[:2], max_batch=bad)
+            with no_reference(*_REFERENCE_PREDICT, what="your predict"):
+                predict(rec, x[:2], max_batch=bad)
         except NotImplementedError:
             raise LabCheckFailed("predict() is not written yet: fill in its TODO") from None
         except ValueError as exc:
@@ -139,9 +153,12 @@ def check_validation(predict) -> None:
     for label, bad, errors, shown in cases:
         rec.calls.clear()
         try:
-            predict(rec, bad, max_batch=4)
+            with no_reference(*_REFERENCE_PREDICT, what="your predict"):
+                predict(rec, bad, max_batch=4)
         except NotImplementedError:
             raise LabCheckFailed("predict() is not written yet: fill in its TODO and run this cell again") from None
+        except LabCheckFailed:
+            raise
         except errors as exc:
             forms = (shown, "[" + shown[1:-1] + "]") if shown.startswith("(") else (shown,)
             expect(any(f in str(exc) for f in forms),
@@ -152,7 +169,7 @@ def check_validation(predict) -> None:
         else:
             raise LabCheckFailed(f"predict accepted {label}; it should raise "
                                  f"{' or '.join(e.__name__ for e in errors)} naming {shown!r}")
-        expect(not rec.calls, f"for {label} the model ran before the error: validate x first")
+        expect(not rec.calls, f"for {label} the model ran before the error was raised: the bad batch reached the model")
     passed("input validation", f"{len(cases)} bad inputs rejected with clear messages before the model ran")
 
 
@@ -171,15 +188,15 @@ def check_device_placement(predict) -> None:
             return torch.zeros(x.shape[0], 10)
 
     rec = _recording(MetaModel())
-    call(predict, rec, _images(5), max_batch=2, what="predict(meta_model, x, max_batch=2)")
+    _predict(predict, rec, _images(5), max_batch=2, what="predict(meta_model, x, max_batch=2)")
     devices = sorted({str(c["device"]) for c in rec.calls})
-    expect(devices == ["meta"], f"the model's parameters are on 'meta' but it received inputs on {devices}: move each "
-                                "chunk to next(model.parameters()).device before calling the model")
+    expect(devices == ["meta"], f"the model's parameters are on 'meta' but it received inputs on {devices}: on a GPU "
+                                "this is the 'Expected all tensors to be on the same device' error")
     detail = "inputs follow the model to 'meta'"
     if torch.cuda.is_available():
         model = inference.tiny_cnn(seed=5).eval()
         reference = inference.predict(copy.deepcopy(model), _images(4), max_batch=2)
-        got = call(predict, model.to("cuda"), _images(4), max_batch=2, what="predict(cuda_model, x)")
+        got = _predict(predict, model.to("cuda"), _images(4), max_batch=2, what="predict(cuda_model, x)")
         expect(got.device.type == "cpu", f"predict should return CPU outputs, got {got.device}")
         err = (got - reference).abs().max().item()
         expect(err <= 1e-4, f"on CUDA predict differs from the CPU reference by {err:.3g}")
@@ -192,17 +209,19 @@ def check_benchmark(benchmark_batches, batch_sizes=(1, 4, 16), image_size: int =
     eval mode without autograd, for every batch size; each latency matches the model calls it actually timed."""
     inner = inference.tiny_cnn(seed=6)
     rec = _recording(inner)
-    results = call(benchmark_batches, rec, list(batch_sizes), image_size=image_size,
-                   what="benchmark_batches(model, batch_sizes, image_size)")
+    with no_reference(inference.throughput_sweep, what="your benchmark_batches"):
+        results = call(benchmark_batches, rec, list(batch_sizes), image_size=image_size,
+                       what="benchmark_batches(model, batch_sizes, image_size)")
     expect(isinstance(results, dict), f"benchmark_batches should return a dict, got {type(results).__name__}")
     expect(sorted(results) == sorted(batch_sizes),
            f"expected one entry per batch size {sorted(batch_sizes)}, got keys {sorted(results)}")
     seen = {c["batch"] for c in rec.calls}
     missing = sorted(set(batch_sizes) - seen)
-    expect(not missing, f"the model never ran a batch of {missing}: build an input of each batch size")
+    expect(not missing, f"the model never ran a batch of {missing}, so that latency was not measured")
     expect(not any(c["grad_enabled"] for c in rec.calls),
-           "the model ran with autograd enabled: time it inside torch.inference_mode() like a served model")
-    expect(not any(c["training"] for c in rec.calls), "the model ran in train mode: call model.eval() first")
+           "the model ran with autograd recording: that times a training forward pass, not a served model")
+    expect(not any(c["training"] for c in rec.calls), "the model ran in train mode (Dropout on, BatchNorm updating "
+                                                      "its statistics): that is not what a served model runs")
     for bs, entry in results.items():
         expect(isinstance(entry, dict) and {"latency_ms", "images_per_s"} <= set(entry),
                f"results[{bs}] should be a dict with 'latency_ms' and 'images_per_s', got {entry!r}")
@@ -220,7 +239,7 @@ def check_benchmark(benchmark_batches, batch_sizes=(1, 4, 16), image_size: int =
         expect(low <= results[bs]["latency_ms"] <= high,
                f"results[{bs}]['latency_ms'] = {results[bs]['latency_ms']:.3f} ms, but each of the {len(durations)} "
                f"model calls of batch {bs} that your benchmark made took between {min(durations):.3f} and "
-               f"{max(durations):.3f} ms: report the time of ONE call in milliseconds (bench.measure(...).median_ms)")
+               f"{max(durations):.3f} ms: the reported latency is not the time of one call in milliseconds")
     passed("batch-size benchmark", ", ".join(f"bs {bs}: {results[bs]['images_per_s']:.0f} img/s"
                                              for bs in sorted(results)))
     return results

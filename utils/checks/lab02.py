@@ -45,14 +45,61 @@ def _parity(fn, reference, inputs: dict[str, torch.Tensor], what: str) -> float:
         expect(
             torch.allclose(got, want, atol=ATOL, rtol=RTOL),
             f"{what} differs from GatedMLP on the {name} branch at batch {x.shape[0]}: max abs error {err:.2e} "
-            f"(atol {ATOL}). Does each torch.cond branch compute exactly what the matching `if` branch does?",
+            f"(atol {ATOL})",
         )
         worst = max(worst, err)
     return worst
 
 
+class _BranchProbe(torch.fx.Interpreter):
+    """Runs an exported program node by node; at every torch.cond it runs both branches on the same operands and keeps
+    (predicate, {True: true branch's output, False: false branch's output}), then carries on with the branch taken."""
+
+    def __init__(self, module):
+        super().__init__(module)
+        self.conds: list[tuple[bool, dict[bool, torch.Tensor]]] = []
+
+    def call_function(self, target, args, kwargs):
+        if target is not torch.ops.higher_order.cond:
+            return super().call_function(target, args, kwargs)
+        pred, true_fn, false_fn, operands = args
+        outs = {True: true_fn(*operands), False: false_fn(*operands)}
+        taken = bool(pred)
+        first = {k: v[0] if isinstance(v, tuple | list) else v for k, v in outs.items()}
+        self.conds.append((taken, first))
+        return outs[taken]
+
+
+def _check_branches(program, reference) -> None:
+    """Each side's input takes a different branch of the first cond, the branch taken is right on its side, and the
+    branch not taken computes something else (a cond around a torch.where, or with a constant predicate, fails)."""
+    module, taken_by = program.module(), {}
+    for name, x in _branch_inputs(4).items():
+        probe = _BranchProbe(module)
+        with torch.no_grad():
+            probe.run(x)
+            want = reference(x)
+        expect(probe.conds, f"the exported program ran no cond for an input on the {name} side")
+        taken, outs = probe.conds[0]
+        taken_by[name] = branch = "true" if taken else "false"
+        got, other = outs[taken], outs[not taken]
+        expect(isinstance(got, torch.Tensor) and got.shape == want.shape
+               and torch.allclose(got, want, atol=ATOL, rtol=RTOL),
+               f"for an input on the {name} side the cond took its {branch} branch, and that branch's output differs "
+               "from GatedMLP's on that side")
+        expect(not (isinstance(other, torch.Tensor) and other.shape == got.shape
+                    and torch.allclose(other, got, atol=ATOL, rtol=RTOL)),
+               f"for an input on the {name} side both branches of the cond return the same values: the two branches "
+               "compute the same thing, so the choice between the ReLU and tanh paths is made somewhere else than by "
+               "the cond (inside the branches?)")
+    expect(len(set(taken_by.values())) == 2,
+           f"the cond took its {next(iter(taken_by.values()))} branch for inputs on both sides (mean > 0 and "
+           "mean < 0): its predicate does not follow the input, so one branch never runs")
+
+
 def check_cond_model(cond_cls) -> None:
-    """Your torch.cond rewrite of GatedMLP gives the same results as GatedMLP on both branches, and exports."""
+    """Your torch.cond rewrite of GatedMLP gives the same results as GatedMLP on both branches, exports with a cond
+    node, and that cond decides: inputs on each side take a different branch, each right on its side."""
     model = call(cond_cls, what=f"{getattr(cond_cls, '__name__', 'your class')}()")
     expect(isinstance(model, graphs.GatedMLP), "the class should subclass graphs.GatedMLP so it shares its weights")
     model.eval()
@@ -65,15 +112,15 @@ def check_cond_model(cond_cls) -> None:
         if _todo_inside(exc):
             raise LabCheckFailed("forward() is not written yet: fill in its TODO and run this cell again.") from None
         raise LabCheckFailed(
-            f"torch.export still fails on your forward: {graphs.first_line(exc)}. "
-            "Replace the Python `if` on a tensor with torch.cond(pred, true_fn, false_fn, (x,))."
+            f"torch.export still fails on your forward: {graphs.first_line(exc)}. Export traces one program for "
+            "every input, and a Python decision on a tensor's value cannot be traced."
         ) from None
-    expect(
-        "torch.ops.higher_order.cond" in program.graph_module.code,
-        "the exported graph has no torch.ops.higher_order.cond: export picked one branch. Use torch.cond so that "
-        "both branches are captured.",
-    )
-    passed("torch.cond rewrite", f"both branches match GatedMLP (max abs error {worst:.1e}) and export keeps the cond")
+    conds = [n for n in program.graph_module.graph.nodes if n.target is torch.ops.higher_order.cond]
+    expect(conds, "the exported program has no cond node: export recorded only the path the example input took, so "
+                  "every input would run that one path")
+    _check_branches(program, reference)
+    passed("torch.cond rewrite", f"both branches match GatedMLP (max abs error {worst:.1e}); the exported cond sends "
+                                 "each side to its own branch")
 
 
 def check_export(export_fn, cond_cls) -> None:
@@ -103,13 +150,14 @@ def check_export(export_fn, cond_cls) -> None:
     for batch in (3, 11):
         for name, prog in (("exported", program), ("reloaded .pt2", reloaded)):
             try:
-                worst = max(worst, _parity(prog.module(), reference, _branch_inputs(batch, seed=batch), f"the {name} program"))
+                inputs = _branch_inputs(batch, seed=batch)
+                worst = max(worst, _parity(prog.module(), reference, inputs, f"the {name} program"))
             except LabCheckFailed:
                 raise
             except Exception as exc:
                 raise LabCheckFailed(
-                    f"the {name} program rejects batch {batch}: {graphs.first_line(exc)}. The batch dimension is "
-                    "specialized to the example's size: pass dynamic_shapes={'x': {0: torch.export.Dim('batch')}}."
+                    f"the {name} program rejects batch {batch}: {graphs.first_line(exc)}. It was exported from a "
+                    f"batch of {example.shape[0]} and accepts only that batch size."
                 ) from None
     passed("dynamic-batch export", f"batches 3 and 11, both branches, after a .pt2 round trip (max abs error {worst:.1e})")
 
@@ -124,8 +172,8 @@ def check_scripted_loop(loop_cls) -> None:
             scripted = torch.jit.script(module)
     except Exception as exc:
         raise LabCheckFailed(
-            f"torch.jit.script failed: {graphs.first_line(exc)}. Annotate non-tensor arguments (steps: int) and use "
-            "only TorchScript-supported Python (for/while loops over ints and tensors are fine)."
+            f"torch.jit.script failed: {graphs.first_line(exc)}. TorchScript compiles a typed subset of Python: the "
+            "line it names uses something outside it."
         ) from None
     x = torch.randn(2, module.cell.in_features, generator=torch.Generator().manual_seed(3))
     for steps in (1, 4):
@@ -141,9 +189,10 @@ def check_scripted_loop(loop_cls) -> None:
                 raise LabCheckFailed(f"the scripted module failed with steps={steps}: {graphs.first_line(exc)}") from None
         expect(
             isinstance(got, torch.Tensor) and torch.allclose(got, want, atol=ATOL, rtol=RTOL),
-            f"with steps={steps} the scripted module should apply tanh(cell(x)) {steps} time(s); "
+            f"with steps={steps} the scripted module's output differs from applying the layer {steps} time(s): "
             f"max abs error {(got - want).abs().max().item() if isinstance(got, torch.Tensor) else 'n/a'}",
         )
     loops = graphs.node_kinds(scripted)["prim::Loop"]
-    expect(loops >= 1, "the scripted graph has no prim::Loop: write the repetition as a for/while loop over `steps`")
+    expect(loops >= 1, "the scripted graph has no prim::Loop: the repetition was compiled as straight-line code, so "
+                       "the program cannot repeat a number of times known only when it runs")
     passed("scripted loop", f"steps 1 and 4 match; the graph keeps {loops} prim::Loop")

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from utils import training
-from utils.checks import LabCheckFailed, call, expect, passed
+from utils.checks import LabCheckFailed, call, expect, no_reference, passed
+from utils.core import bench, verdict
 from utils.training import profiling
 
 
@@ -24,16 +27,15 @@ def check_profile(profile_fn, trace_path) -> None:
         events = prof.events()
     except (AssertionError, RuntimeError, AttributeError):
         events = None
-    expect(bool(events), "the profiler recorded no events: run slow_train inside `with torch.profiler.profile(...)`, "
-           "pass on_step=prof.step so the schedule advances, and record at least one active step")
+    expect(bool(events), "the profiler recorded no events: no training step ran while it was recording (did its "
+           "schedule ever reach an active step?)")
     steps = sum(1 for e in events if e.name.startswith("ProfilerStep"))
-    expect(steps >= 1, "no ProfilerStep ranges: call prof.step() after every training step (on_step=prof.step) "
-           "and use a schedule such as schedule(wait=1, warmup=1, active=2)")
+    expect(steps >= 1, "the profile has no ProfilerStep ranges: the profiler was never told where a training step "
+           "ends, so it cannot split the run into steps")
     phases = {e.name for e in events if e.name.startswith(profiling.PHASE_PREFIX)}
     expect({"phase/forward", "phase/backward"} <= phases,
            f"the profile should contain slow_train's phase/... ranges, found {sorted(phases) or 'none'}")
-    expect(trace_path.is_file(), f"no Chrome trace at {trace_path}: export it (on_trace_ready or "
-           "prof.export_chrome_trace(str(TRACE)))")
+    expect(trace_path.is_file(), f"no Chrome trace at {trace_path}: the profile was not written to that file")
     n_events = profiling.trace_event_count(trace_path)
     expect(n_events >= 100, f"the trace at {trace_path} has only {n_events} events; record whole training steps")
     print(profiling.table(prof, row_limit=8))
@@ -73,23 +75,76 @@ def check_breakdown(breakdown_fn) -> None:
     for name, ms in want.items():
         value = got[name]
         expect(isinstance(value, int | float) and abs(value - ms) <= 0.05 * ms + 1e-3,
-               f"phase {name!r}: expected {ms:.3f} ms per step, got {value!r}. Use the 'phase/...' rows of "
-               "prof.key_averages(): cpu_time_total is in microseconds and covers all recorded steps (count the "
-               "ProfilerStep* events, or read its .count)")
+               f"phase {name!r}: expected {ms:.3f} ms per step, got {value!r}: is it in milliseconds, and per "
+               "recorded step rather than summed over all of them?")
     passed("breakdown", ", ".join(f"{k} {v:.2f} ms" for k, v in want.items()))
 
 
-def _timed_run(fn, dataset, steps, batch_size, what):
+# the course's own training loop: an answer that calls it is the lesson's answer, not the learner's
+_REFERENCE_LOOP = (training.Trainer.train_on, training.Trainer.run, training.compare_loops)
+WEIGHT_RTOL = 1e-2  # the fast loop's weight update after N steps vs the slow loop's (relative, whole model)
+BOUND_LINE = 3.0  # a loop whose steps beat the compute bound by this much (whole interval) is not training
+
+
+@dataclass
+class _Run:
+    """One run of a training loop: its losses, the time between successive on_step() calls, and (when asked) how far
+    the stepped optimizer moved its parameters (final - initial, flattened)."""
+
+    losses: list[float]
+    gaps_ms: list[float]
+    update: object = None  # a 1-D tensor
+
+
+def _run(fn, dataset, steps: int, batch_size: int, what: str, *, update: bool = False, watch=()) -> _Run:
+    """Run a learner's (or the lab's) loop, counting optimizer steps with torch's global step hooks: every on_step()
+    must follow exactly one optimizer.step(), so the gaps between on_step() calls are training steps."""
+    import torch
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
     stamps: list[float] = []
-    losses = call(fn, dataset, steps, batch_size, on_step=lambda: stamps.append(time.perf_counter()), what=what)
+    steps_before: list[int] = []  # optimizer steps counted when each on_step() came
+    stepped: list = []  # the optimizer of every step
+    initial: dict = {}
+
+    def before(optimizer, args, kwargs):
+        if update and not initial:
+            initial["params"] = [p.detach().clone() for g in optimizer.param_groups for p in g["params"]]
+
+    def after(optimizer, args, kwargs):
+        stepped.append(optimizer)
+
+    def on_step():
+        stamps.append(time.perf_counter())
+        steps_before.append(len(stepped))
+
+    handles = [register_optimizer_step_pre_hook(before), register_optimizer_step_post_hook(after)]
+    try:
+        with no_reference(*watch, what=what) if watch else contextlib.nullcontext():
+            losses = call(fn, dataset, steps, batch_size, on_step=on_step, what=what)
+    finally:
+        for handle in handles:
+            handle.remove()
     try:
         values = [float(v) for v in losses]
     except (TypeError, ValueError):
         raise LabCheckFailed(f"{what} should return the list of per-step losses (floats), got {losses!r:.80}") from None
     expect(len(values) == steps, f"{what} should return {steps} losses (one per step), got {len(values)}")
-    expect(len(stamps) == steps, f"{what} called on_step() {len(stamps)} times for {steps} steps: call it once at the "
-           "end of every step (the check uses it to time the steps)")
-    return values, [(b - a) * 1e3 for a, b in zip(stamps, stamps[1:], strict=False)]
+    expect(len(stamps) == steps, f"{what} called on_step() {len(stamps)} times for {steps} steps (the check times the "
+                                 "steps between on_step() calls, so it must come once at the end of every step)")
+    per_step = [b - a for a, b in zip([0, *steps_before], steps_before, strict=False)]
+    expect(per_step == [1] * steps,
+           f"{what}: the optimizer stepped {per_step} times before each of its {steps} on_step() calls (once each "
+           "expected): the time between two on_step() calls is not one training step")
+    run = _Run(values, [(b - a) * 1e3 for a, b in zip(stamps, stamps[1:], strict=False)])
+    if update:
+        final = [p.detach() for g in stepped[-1].param_groups for p in g["params"]]
+        shapes = [tuple(p.shape) for p in final]
+        expect(shapes == [tuple(p.shape) for p in initial["params"]],
+               f"{what}: the optimizer that stepped last is not the one that stepped first")
+        pairs = zip(final, initial["params"], strict=True)
+        run.update = torch.cat([(f.float() - i.float()).flatten() for f, i in pairs])
+    return run
 
 
 def _compute_bound_ms(dataset, steps: int, batch_size: int) -> list[float]:
@@ -109,43 +164,68 @@ def _compute_bound_ms(dataset, steps: int, batch_size: int) -> list[float]:
 
 
 def check_fast_loop(fast_train, slow_train, dataset, *, batch_size: int, steps: int, min_speedup: float = 1.1,
-                    rtol: float = 1e-3, rounds: int = 3) -> float:
-    """The learner's loop vs the slow loop, in the same run: same losses (rtol) and at least `min_speedup` faster.
+                    rtol: float = 1e-3, rounds: int = 3) -> bench.Ratio:
+    """The learner's loop vs the slow loop, in the same run: the same training, and a faster step.
 
-    Both loops run `rounds` times, alternating. A loop's step time is the *fastest* interval between two of its
-    on_step() calls over all rounds: start-up costs (building the model, starting workers) are not counted, and on a
-    shared machine the fastest step is the one least disturbed by other processes, so the ratio is stable. The
-    compute bound (the same model's step on batches in memory) runs in the same rounds; the learner's efficiency
-    against it is reported, not judged.
+    Same training: every on_step() follows exactly one optimizer step; the losses agree with the slow loop's within
+    `rtol` and the weights' update after `steps` steps within WEIGHT_RTOL; the course's own loop (Trainer) is not
+    called. Faster: `rounds` interleaved rounds of the slow loop, the learner's loop and the compute bound (the same
+    model's step on batches already in memory), each round run as slow, fast, bound, fast, slow; a loop's time in a
+    round is the median gap between its on_step() calls, and the speedup (a bench.Ratio over the rounds) must clear `min_speedup` with its whole interval
+    (utils.core.verdict). A loop measured BOUND_LINE times faster than the compute bound is not doing the training
+    it reports, and fails.
     """
     if steps < 3:
         raise ValueError(f"steps must be >= 3 to time steps between on_step() calls, got {steps}")
-    fast_losses, fast_ms = _timed_run(fast_train, dataset, steps, batch_size, "fast_train()")
-    slow_losses, slow_ms = _timed_run(slow_train, dataset, steps, batch_size, "slow_train()")
-    rel = max(abs(a - b) / abs(a) for a, b in zip(slow_losses, fast_losses, strict=True))
+    if rounds < 2:
+        raise ValueError(f"rounds must be >= 2 for an interval over rounds, got {rounds}")
+    fast = _run(fast_train, dataset, steps, batch_size, "fast_train()", update=True, watch=_REFERENCE_LOOP)
+    slow = _run(slow_train, dataset, steps, batch_size, "slow_train()", update=True)
+    rel = max(abs(a - b) / abs(a) for a, b in zip(slow.losses, fast.losses, strict=True))
     expect(rel <= rtol,
            f"the losses changed: max relative difference {rel:.2e} > {rtol:g} over {steps} steps.\n"
-           f"  slow: {[round(v, 4) for v in slow_losses]}\n  fast: {[round(v, 4) for v in fast_losses]}\n"
-           "Same seed, same dataset, same batch size and learning rate must give the same losses: keep the math in "
-           "fp32 (AMP is measured in the lesson and changes the numbers by design) and keep the data order "
-           "(image_data.make_loader with the same seed; the number of workers does not change the batches).")
-    bound_ms = _compute_bound_ms(dataset, steps, batch_size)
-    for _ in range(rounds - 1):
-        fast_ms += _timed_run(fast_train, dataset, steps, batch_size, "fast_train()")[1]
-        slow_ms += _timed_run(slow_train, dataset, steps, batch_size, "slow_train()")[1]
-        bound_ms += _compute_bound_ms(dataset, steps, batch_size)
-    fast_step, slow_step, bound_step = min(fast_ms), min(slow_ms), min(bound_ms)
-    speedup = slow_step / fast_step
-    expect(speedup >= min_speedup,
-           f"fast_train is {speedup:.2f}x the slow loop ({fast_step:.1f} vs {slow_step:.1f} ms for its fastest step; "
-           f"medians {statistics.median(fast_ms):.1f} vs {statistics.median(slow_ms):.1f} ms); the check wants at "
-           f"least {min_speedup:.2f}x. Look at the slow loop's profile: what does it do every step that training "
-           "does not need?")
-    passed("fast loop", f"{speedup:.2f}x faster ({slow_step:.1f} -> {fast_step:.1f} ms per step, fastest of "
-           f"{len(fast_ms)} steps each), losses match to {rel:.1e}")
+           f"  slow: {[round(v, 4) for v in slow.losses]}\n  fast: {[round(v, 4) for v in fast.losses]}\n"
+           "The fast loop must train the same model on the same batches, in the same order, with the same fp32 "
+           "math and learning rate (AMP changes the numbers by design: the lesson measures it).")
+    expect(fast.update.shape == slow.update.shape,
+           f"fast_train's optimizer updates {fast.update.numel():,} parameter values, the slow loop's "
+           f"{slow.update.numel():,}: the two loops do not train the same model")
+    wrel = float((fast.update - slow.update).norm() / slow.update.norm().clamp_min(1e-30))
+    expect(wrel <= WEIGHT_RTOL,
+           f"after {steps} steps fast_train's weights moved differently from the slow loop's (relative difference "
+           f"of the updates {wrel:.2e} > {WEIGHT_RTOL:g}): its steps do not train the model the way the slow loop's do")
+    loops = {"slow": lambda: _run(slow_train, dataset, steps, batch_size, "slow_train()").gaps_ms,
+             "fast": lambda: _run(fast_train, dataset, steps, batch_size, "fast_train()").gaps_ms,
+             "bound": lambda: _compute_bound_ms(dataset, steps, batch_size)}
+    times = {name: [] for name in loops}
+    for _ in range(rounds):
+        gaps = {name: [] for name in loops}
+        for name in ("slow", "fast", "bound", "fast", "slow"):  # symmetric: a drift within the round hits all alike
+            gaps[name] += loops[name]()
+        for name, values in gaps.items():
+            times[name].append(statistics.median(values))
+    speedup = bench.Ratio.from_times(times["slow"], times["fast"])
+    over_bound = bench.Ratio.from_times(times["bound"], times["fast"])
+    median = {k: statistics.median(v) for k, v in times.items()}
+    expect(verdict.speed(over_bound, BOUND_LINE) != verdict.FASTER,
+           f"fast_train's steps took {median['fast']:.2f} ms (median), {over_bound} faster than the compute bound "
+           f"measured in the same rounds ({median['bound']:.1f} ms: the model's forward, backward and optimizer step "
+           "alone, on batches already in memory). Steps that fast are not training the model.")
+    line = (f"{verdict.speed_line('fast_train', speedup, 'slow_train', min_speedup)} (median step "
+            f"{median['slow']:.1f} -> {median['fast']:.1f} ms over {rounds} interleaved rounds)")
+    look = "Look at the slow loop's profile: what does it do every step that training does not need?"
+    expect(speedup.high < min_speedup or verdict.speed(speedup, min_speedup) == verdict.FASTER,
+           f"undecided: {line}. The rounds disagree, as they do when other programs keep this machine's cores busy: "
+           f"run the check again. The check wants every round above {min_speedup:.2f}x; if the median stays below "
+           f"it, the loop is not fast enough yet. {look}")
+    expect(verdict.speed(speedup, min_speedup) == verdict.FASTER,
+           f"not fast enough: {line}; the check wants every round above {min_speedup:.2f}x. {look}")
+    passed("fast loop", f"{speedup} faster (median step {median['slow']:.1f} -> {median['fast']:.1f} ms), losses "
+           f"match to {rel:.1e}, weight updates to {wrel:.1e}")
+    efficiency = over_bound.value
     print(f"compute bound (the same model's fp32 forward, backward and fused SGD step on batches already in memory): "
-          f"{bound_step:.1f} ms per step. Your loop runs at {bound_step / fast_step:.0%} of it, the slow loop at "
-          f"{bound_step / slow_step:.0%}" + (": the rest of your step is spent outside the model's math; profile "
-                                             "fast_train to see where" if bound_step / fast_step < 0.95 else
-                                             ": at least 95%, little is left on the table"))
+          f"{median['bound']:.1f} ms per step. Your loop runs at {efficiency:.0%} of it ({over_bound}), the slow loop "
+          f"at {median['bound'] / median['slow']:.0%}" + (": the rest of your step is spent outside the model's math; "
+                                                          "profile fast_train to see where" if efficiency < 0.95 else
+                                                          ": at least 95%, little is left on the table"))
     return speedup

@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import shutil
+import statistics
 import time
 from pathlib import Path
 
-from utils.checks import LabCheckFailed, call, expect, passed
-from utils.core import env, models, onnx_io, tritonserver
+from utils.checks import LabCheckFailed, call, expect, no_reference, passed
+from utils.core import bench, env, models, onnx_io, tritonserver, verdict
 from utils.core.data import labeled_sentences
 from utils.serving import loadgen, repository
 
 SEQ_LEN = 16  # the lesson's padding length: the longest sentence of utils/core/data/sentences.csv, rounded up to 8
 TENSORS_IN = ("input_ids", "attention_mask", "token_type_ids")
-TARGET_GAIN = 1.2  # tuned throughput over the baseline's, at CONCURRENCY, with p95 no higher than the baseline's
+# tuned throughput over the baseline's at CONCURRENCY, per interleaved round: the whole interval must clear it, and
+# the tuned p95 must not be slower than the baseline's (utils.core.verdict), in smoke mode as in full mode
+TARGET_GAIN = 1.2
 CONCURRENCY = 8
+ROUNDS = {True: (3, 2.0), False: (5, 5.0)}  # smoke -> (interleaved rounds, seconds of load per model and round)
+# the course's config builder: a config written through it is the lesson's answer, not the learner's text
+_REFERENCE_CONFIG = (repository.model_config, repository.encoder_config, repository.to_pbtxt, repository.tensor)
 
 
 def work_dir() -> Path:
@@ -82,10 +88,16 @@ CASES = [
 ]
 
 
+def _config_text(pbtxt_fn, *args, what: str, **kwargs):
+    with no_reference(*_REFERENCE_CONFIG, what="your encoder_pbtxt"):
+        return call(pbtxt_fn, *args, what=what, **kwargs)
+
+
 def check_config_text(pbtxt_fn) -> None:
-    """The learner's config.pbtxt text parses through Triton's schema and says exactly what each case asks."""
+    """The learner's config.pbtxt text parses through Triton's schema and says exactly what each case asks; it is
+    written by the learner, not by the course's config builder."""
     for case in CASES:
-        text = call(pbtxt_fn, **case, what=f"encoder_pbtxt(**{case})")
+        text = _config_text(pbtxt_fn, **case, what=f"encoder_pbtxt(**{case})")
         cfg = _parse(text, f"encoder_pbtxt(**{case})")
         _semantics(cfg, **case, what=f"encoder_pbtxt(**{case})")
     passed("config text", f"{len(CASES)} configs parse through the ModelConfig schema and match")
@@ -97,9 +109,11 @@ def check_mean_batch(mean_batch_fn) -> None:
     after = {"inference_count": 10 + 6 + 16 + 24, "execution_count": 10 + 6 + 2 + 3, "batches": {1: 16, 8: 5}}
     got = call(mean_batch_fn, before, after, what="mean_batch(before, after)")
     want = (6 + 16 + 24) / (6 + 2 + 3)
+    lifetime = after["inference_count"] / after["execution_count"]
     expect(isinstance(got, int | float) and abs(got - want) < 1e-9,
-           f"mean_batch should be (requests run) / (executions) between the snapshots = {want:.4f}, got {got!r}. "
-           "Use the differences of inference_count and execution_count, not the totals.")
+           f"mean_batch(before, after) should be {want:.4f} for these snapshots, got {got!r}"
+           + (": that is the mean batch since the server started, not between the two snapshots"
+              if isinstance(got, int | float) and abs(got - lifetime) < 1e-9 else ""))
     idle = call(mean_batch_fn, after, after, what="mean_batch(after, after)")
     expect(idle == 0, f"with no executions between the snapshots mean_batch should return 0, got {idle!r}")
     passed("mean batch size", f"{want:.3f} from the snapshots")
@@ -124,11 +138,33 @@ def _encoder_requests(n: int = 48):
     return requests, expected
 
 
+def _load_rounds(url: str, requests, expected, rounds: int, seconds: float) -> dict[str, list[dict]]:
+    """Load the baseline and the tuned encoder in interleaved rounds, every response checked. A round runs baseline,
+    tuned, tuned, baseline (half of `seconds` each), so a drift of the machine within the round hits both alike; a
+    round's figures per model pool its two halves: {"throughput": correct responses per second, "p95": ms}."""
+    out: dict[str, list[dict]] = {"baseline": [], "tuned": []}
+    for _ in range(rounds):
+        halves: dict[str, list] = {"baseline": [], "tuned": []}
+        for model in ("baseline", "tuned", "tuned", "baseline"):
+            res = loadgen.run_load(url, model, requests, expected=expected, concurrency=CONCURRENCY,
+                                   max_requests=1_000_000, max_seconds=seconds / 2, warmup=CONCURRENCY, atol=1e-3,
+                                   rtol=1e-3, label=model)
+            expect(res.failed == 0 and res.wrong == 0,
+                   f"{model}: {res.failed} failed and {res.wrong} wrong responses; first errors: {res.errors[:2]}")
+            halves[model].append(res)
+        for model, (a, b) in halves.items():
+            out[model].append({"throughput": (a.ok + b.ok) / (a.seconds + b.seconds),
+                               "p95": loadgen.percentile(a.latencies_ms + b.latencies_ms, 95)})
+    return out
+
+
 def check_tuned(tuning_fn, pbtxt_fn, *, smoke: bool = True) -> dict:
     """Serve the learner's tuned encoder next to a naive baseline and measure both at CONCURRENCY.
 
-    Baseline: no dynamic batching, one instance, ONNX Runtime's default threads (spinning). Target: throughput at
-    least TARGET_GAIN x the baseline's with p95 no higher than the baseline's, every response correct.
+    Baseline: no dynamic batching, one instance, ONNX Runtime's default threads (spinning). Both are loaded in
+    interleaved rounds (ROUNDS: fewer and shorter in smoke mode). Target, enforced in both modes: the throughput gain
+    (a bench.Ratio over the rounds) clears TARGET_GAIN with its whole interval, the tuned p95 is not slower than the
+    baseline's (utils.core.verdict), and every response is correct.
     """
     knobs = call(tuning_fn, what="my_tuning()")
     required = {"max_batch_size", "batching"}
@@ -136,7 +172,7 @@ def check_tuned(tuning_fn, pbtxt_fn, *, smoke: bool = True) -> dict:
     expect(isinstance(knobs, dict) and required <= set(knobs) <= required | optional,
            f"my_tuning() should return a dict with {sorted(required)} and optionally {sorted(optional)}; "
            f"got {knobs!r}")
-    text = call(pbtxt_fn, "tuned", **knobs, what="encoder_pbtxt('tuned', **my_tuning())")
+    text = _config_text(pbtxt_fn, "tuned", **knobs, what="encoder_pbtxt('tuned', **my_tuning())")
     cfg = _parse(text, "encoder_pbtxt('tuned', **my_tuning())")
     _semantics(cfg, name="tuned", **knobs, what="the tuned config")
     if not env.has("tritonserver"):
@@ -149,36 +185,35 @@ def check_tuned(tuning_fn, pbtxt_fn, *, smoke: bool = True) -> dict:
     baseline = repository.encoder_config("baseline", max_batch_size=max(cfg.max_batch_size, 1), intra_op_threads=0)
     repository.write_encoder(repo, baseline, onnx_path)
     requests, expected = _encoder_requests()
-    n_req, rounds = (96, 2) if smoke else (400, 3)
-    results = {"baseline": [], "tuned": []}
+    rounds, seconds = ROUNDS[bool(smoke)]
     args = ["--disable-auto-complete-config", "--backend-config=python,shm-default-byte-size=4194304"]
     t0 = time.perf_counter()
     with tritonserver.TritonServer(repo, name="lab05", extra_args=args) as server:
-        for _ in range(rounds):
-            for model in results:
-                r = loadgen.run_load(server.grpc_url, model, requests, expected=expected, concurrency=CONCURRENCY,
-                                  max_requests=n_req, max_seconds=20.0, warmup=CONCURRENCY, atol=1e-3, rtol=1e-3,
-                                  label=model)
-                expect(r.failed == 0 and r.wrong == 0,
-                       f"{model}: {r.failed} failed and {r.wrong} wrong responses; first errors: {r.errors[:2]}")
-                results[model].append(r)
-        stats = tritonserver.model_statistics(server.grpc_url, "tuned")
-    best = {m: max(rs, key=lambda r: r.throughput) for m, rs in results.items()}
-    base, tuned = best["baseline"], best["tuned"]
-    gain = tuned.throughput / base.throughput
-    mean_batch = stats["inference_count"] / max(stats["execution_count"], 1)
-    summary = (f"baseline {base.throughput:.1f} req/s p95 {base.p95:.1f} ms; tuned {tuned.throughput:.1f} req/s "
-               f"p95 {tuned.p95:.1f} ms ({gain:.2f}x, mean batch {mean_batch:.1f}; {time.perf_counter() - t0:.0f} s)")
-    met = gain >= TARGET_GAIN and tuned.p95 <= base.p95
-    if smoke:
-        # Smoke mode is what the test suite runs on shared, noisy machines: correctness is enforced above, the speed
-        # target is reported, not enforced (timing thresholds belong in recorded results, not pass/fail tests).
-        verdict = "met" if met else "NOT met"
-        passed("tuned encoder (smoke: speed target reported, enforced in full mode)", f"{summary}; target {verdict}")
-        return {"gain": gain, "baseline": base, "tuned": tuned, "mean_batch": mean_batch}
-    expect(met,
-           f"not yet: {summary}. The target is >= {TARGET_GAIN}x the baseline's throughput with p95 no higher. "
-           "Try dynamic batching with a max_batch_size of at least the concurrency, and threads/instances that fit "
-           "this machine's cores (is ONNX Runtime spinning on cores the other processes need?).")
-    passed("tuned encoder", summary)
-    return {"gain": gain, "baseline": base, "tuned": tuned, "mean_batch": mean_batch}
+        before = tritonserver.model_statistics(server.grpc_url, "tuned")
+        results = _load_rounds(server.grpc_url, requests, expected, rounds, seconds)
+        after = tritonserver.model_statistics(server.grpc_url, "tuned")
+    runs = list(zip(results["baseline"], results["tuned"], strict=True))
+    gain = bench.Ratio.from_samples([t["throughput"] / b["throughput"] for b, t in runs])
+    p95 = bench.Ratio.from_samples([b["p95"] / t["p95"] for b, t in runs])  # above 1: the tuned p95 is lower
+    executions = after["execution_count"] - before["execution_count"]
+    mean_batch = (after["inference_count"] - before["inference_count"]) / max(executions, 1)
+    base = {k: statistics.median(b[k] for b, _ in runs) for k in ("throughput", "p95")}
+    tuned = {k: statistics.median(t[k] for _, t in runs) for k in ("throughput", "p95")}
+    summary = (f"baseline {base['throughput']:.1f} req/s p95 {base['p95']:.1f} ms; tuned {tuned['throughput']:.1f} "
+               f"req/s p95 {tuned['p95']:.1f} ms (medians of {rounds} interleaved rounds; mean batch "
+               f"{mean_batch:.1f}; {time.perf_counter() - t0:.0f} s)")
+    lines = (f"{verdict.speed_line('throughput', gain, 'baseline', TARGET_GAIN)}\n"
+             f"{verdict.speed_line('p95 latency (baseline p95 / tuned p95)', p95, 'baseline')}")
+    target = (f"The target: the tuned throughput above {TARGET_GAIN}x the baseline's in every round, and its p95 not "
+              "slower.")
+    latency_ok = verdict.speed(p95) != verdict.SLOWER
+    expect(not latency_ok or gain.high < TARGET_GAIN or verdict.speed(gain, TARGET_GAIN) == verdict.FASTER,
+           f"undecided: {summary}.\n{lines}\n{target} The rounds disagree, as they do when other programs keep this "
+           "machine's cores busy: run the check again.")
+    expect(latency_ok and verdict.speed(gain, TARGET_GAIN) == verdict.FASTER,
+           f"not yet: {summary}.\n{lines}\n{target} How many requests did the server merge per execution (mean "
+           "batch above), and how many cores does this machine have for the encoders, the stubs and the load "
+           "generator?")
+    passed("tuned encoder", f"{summary}\n{lines}")
+    return {"gain": gain, "p95_gain": p95, "baseline": results["baseline"], "tuned": results["tuned"],
+            "mean_batch": mean_batch}

@@ -4,7 +4,8 @@ but its scratch folder read-only, and no capabilities.
 Isolation (Linux). Every submission runs inside fresh user, network, mount and PID namespaces (util-linux
 ``unshare``): the network namespace has only a loopback interface (the notebook kernel talks to its client over
 it), so nothing outside the sandbox can be reached; every mount except the scratch folder is remounted read-only,
-with private empty tmpfs on /tmp and /dev/shm; all capabilities are dropped and no_new_privs is set before the
+with private empty tmpfs on /tmp and /dev/shm (also when the scratch folder lives under one of them: it is bound
+back at its path inside the tmpfs); all capabilities are dropped and no_new_privs is set before the
 notebook runs, so it cannot undo the read-only mounts; HOME, TMPDIR, WORKBOOK_BUILD_DIR, IPYTHONDIR, MPLCONFIGDIR
 and JUPYTER_RUNTIME_DIR point into the scratch folder (seeded with a copy of the compiled lesson 06 extensions from
 the build folder, so the lab does not rebuild them); when the timeout expires the whole PID namespace is killed.
@@ -87,17 +88,40 @@ def _under(path: str, parent: str) -> bool:
     return path == parent or path.startswith(parent.rstrip("/") + "/")
 
 
+_PRIVATE = ("/tmp", "/dev/shm")  # each gets an empty tmpfs of its own inside the sandbox
+
+
 def _lock_down(scratch: Path) -> list[str]:
-    """Inside fresh namespaces: loopback up, private tmpfs, everything but scratch read-only. Returns rw leftovers."""
+    """Inside fresh namespaces: loopback up, private tmpfs, everything but scratch read-only. Returns rw leftovers.
+
+    /tmp and /dev/shm are private wherever scratch lives: programs write there whatever TMPDIR says (the Triton
+    Python backend aborts without a writable /tmp). What the command needs from under them (the scratch folder, the
+    course's checkout, the Python environment) is held open before the tmpfs hides it and bound back at the same
+    path; the tmpfs's folders above such a path are read-only.
+    """
     scratch_s = os.path.realpath(scratch)
     _loopback_up()
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
-    private = []
-    for tmp in ("/tmp", "/dev/shm"):
-        if os.path.isdir(tmp) and not _under(scratch_s, tmp):
+    needed = {os.path.realpath(p) for p in (env.repo_root(), sys.prefix, sys.base_prefix)}
+    needed = sorted({scratch_s} | {p for p in needed if any(_under(p, t) and p != t for t in _PRIVATE)}, key=len)
+    held = {p: os.open(p, os.O_PATH | os.O_DIRECTORY) for p in needed}  # reachable via /proc/self/fd once hidden
+    try:
+        private = [t for t in _PRIVATE if os.path.isdir(t)]
+        for tmp in private:
             _mount("tmpfs", tmp, "tmpfs", _MS["nosuid"] | _MS["nodev"], "mode=1777,size=1g")
-            private.append(tmp)
-    _mount(scratch_s, scratch_s, None, MS_BIND | MS_REC)
+        inside = {p: t for p in held for t in private if _under(p, t) and p != t}
+        for path in inside:
+            os.makedirs(path, exist_ok=True)  # the mount point, in the tmpfs
+        for path, tmp in inside.items():
+            parent = os.path.dirname(path)
+            while parent != tmp:
+                os.chmod(parent, 0o555)
+                parent = os.path.dirname(parent)
+        for path, fd in held.items():  # shortest first: a folder is bound back before a folder inside it
+            _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+    finally:
+        for fd in held.values():
+            os.close(fd)
     keep = {scratch_s, *private}
     mounts = _mounts()
     tops = {point: opts for point, opts in mounts}  # the last entry per point is the visible one
