@@ -637,28 +637,18 @@ class Engine:
             raise ValueError(f"slot must be an int in [0, {self.max_batch}), got {slot!r}")
         return slot
 
-    @torch.inference_mode()
-    def prefill(self, slot: int, request: Request) -> int:
-        """Process request.prompt into `slot`; append the first generated token to request.output and return it."""
+    def _check_admission(self, slot: int, request: Request) -> None:
+        """prefill()'s checks on the slot and the request's arrival (subclasses with other caches share them)."""
         self._check_slot(slot)
         if slot in self.slot_request:
             raise ValueError(f"slot {slot} still holds request {self.slot_request[slot].id}: release() it first")
         if request.arrival > self.clock + 1e-9:
             raise ValueError(f"request {request.id} arrives at {request.arrival:.4f} s; the clock is at "
                              f"{self.clock:.4f} s: it cannot be served before it arrives")
-        n = request.prompt.numel()
-        if n < 1 or n + request.max_new > self.max_len:
-            raise ValueError(f"request {request.id}: prompt {n} + max_new {request.max_new} tokens must fit the "
-                             f"engine's max_len {self.max_len}, with at least one prompt token")
-        start = self.clock
-        x = self.model.embed(request.prompt[None], 0)
-        for i, block in enumerate(self.model.blocks):
-            q, k, v = block.project(x)
-            self.k[i][slot, :, :n] = k[0]
-            self.v[i][slot, :, :n] = v[0]
-            x = block.finish(x, F.scaled_dot_product_attention(q, k, v, is_causal=True))
-        token = int(self.model.logits(x[0, -1]).argmax())
-        self.lengths[slot], self.last[slot] = n, token
+
+    def _emit_first(self, slot: int, request: Request, token: int, start: float) -> int:
+        """After a prefill: `token` is the slot's next input and the request's first output; the step is logged."""
+        self.last[slot] = token
         self.slot_request[slot] = request
         request.output.append(token)
         request.t_first = self.clock
@@ -667,32 +657,17 @@ class Engine:
         self.steps.append(("prefill", 1, start, self.clock))
         return token
 
-    @torch.inference_mode()
-    def decode(self, slots: Sequence[int]) -> list[int]:
-        """One decode step for these slots together (each at its own position). Returns the token of each slot."""
-        slots = list(slots)
+    def _check_decode(self, slots: list[int]) -> None:
+        """decode()'s checks: distinct slots, each holding a request."""
         if not slots or len(set(slots)) != len(slots):
             raise ValueError(f"decode() needs distinct busy slots, got {slots}")
         for s in slots:
             self._check_slot(s)
             if s not in self.slot_request:
                 raise ValueError(f"slot {s} holds no request: prefill() one into it first")
-        idx = torch.tensor(slots)
-        pos = self.lengths[idx]  # where each slot's new token goes
-        if int(pos.max()) >= self.max_len:
-            raise ValueError(f"a slot is full ({self.max_len} positions): release it")
-        start = self.clock
-        span = int(pos.max()) + 1
-        visible = (torch.arange(span)[None, :] <= pos[:, None])[:, None, None, :]  # [n, 1, 1, span]: own positions
-        x = self.model.embed(self.last[idx][:, None], pos[:, None])
-        for i, block in enumerate(self.model.blocks):
-            q, k, v = block.project(x)  # [n, H, 1, Dh]
-            self.k[i][idx, :, pos] = k[:, :, 0]  # each slot writes at its own position
-            self.v[i][idx, :, pos] = v[:, :, 0]
-            attn = F.scaled_dot_product_attention(q, self.k[i][idx, :, :span], self.v[i][idx, :, :span],
-                                                  attn_mask=visible)
-            x = block.finish(x, attn)
-        tokens = self.model.logits(x[:, 0]).argmax(dim=-1)
+
+    def _emit_step(self, slots: list[int], idx: torch.Tensor, tokens: torch.Tensor, start: float) -> list[int]:
+        """After a decode step: advance the slots, hand each unfinished request its token, log the step."""
         self.lengths[idx] += 1
         self.last[idx] = tokens
         now = self.clock
@@ -709,6 +684,46 @@ class Engine:
         self.steps.append(("decode", len(slots), start, now))
         self.occupancy.append(self.lengths[sorted(self.slot_request)].tolist())
         return out
+
+    @torch.inference_mode()
+    def prefill(self, slot: int, request: Request) -> int:
+        """Process request.prompt into `slot`; append the first generated token to request.output and return it."""
+        self._check_admission(slot, request)
+        n = request.prompt.numel()
+        if n < 1 or n + request.max_new > self.max_len:
+            raise ValueError(f"request {request.id}: prompt {n} + max_new {request.max_new} tokens must fit the "
+                             f"engine's max_len {self.max_len}, with at least one prompt token")
+        start = self.clock
+        x = self.model.embed(request.prompt[None], 0)
+        for i, block in enumerate(self.model.blocks):
+            q, k, v = block.project(x)
+            self.k[i][slot, :, :n] = k[0]
+            self.v[i][slot, :, :n] = v[0]
+            x = block.finish(x, F.scaled_dot_product_attention(q, k, v, is_causal=True))
+        self.lengths[slot] = n
+        return self._emit_first(slot, request, int(self.model.logits(x[0, -1]).argmax()), start)
+
+    @torch.inference_mode()
+    def decode(self, slots: Sequence[int]) -> list[int]:
+        """One decode step for these slots together (each at its own position). Returns the token of each slot."""
+        slots = list(slots)
+        self._check_decode(slots)
+        idx = torch.tensor(slots)
+        pos = self.lengths[idx]  # where each slot's new token goes
+        if int(pos.max()) >= self.max_len:
+            raise ValueError(f"a slot is full ({self.max_len} positions): release it")
+        start = self.clock
+        span = int(pos.max()) + 1
+        visible = (torch.arange(span)[None, :] <= pos[:, None])[:, None, None, :]  # [n, 1, 1, span]: own positions
+        x = self.model.embed(self.last[idx][:, None], pos[:, None])
+        for i, block in enumerate(self.model.blocks):
+            q, k, v = block.project(x)  # [n, H, 1, Dh]
+            self.k[i][idx, :, pos] = k[:, :, 0]  # each slot writes at its own position
+            self.v[i][idx, :, pos] = v[:, :, 0]
+            attn = F.scaled_dot_product_attention(q, self.k[i][idx, :, :span], self.v[i][idx, :, :span],
+                                                  attn_mask=visible)
+            x = block.finish(x, attn)
+        return self._emit_step(slots, idx, self.model.logits(x[:, 0]).argmax(dim=-1), start)
 
     def release(self, slot: int) -> Request:
         """Free `slot` (its request should be done) and return the request it held."""

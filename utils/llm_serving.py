@@ -232,12 +232,7 @@ class PagedEngine(Engine):
     def prefill(self, slot: int, request: Request) -> int:
         """Process the prompt into `slot` (after the cached prefix, with prefix_cache) and emit the first token. A
         preempted request (with output already) recomputes prompt + output but the last token and emits nothing new."""
-        self._check_slot(slot)
-        if slot in self.slot_request:
-            raise ValueError(f"slot {slot} still holds request {self.slot_request[slot].id}: release() it first")
-        if request.arrival > self.clock + 1e-9:
-            raise ValueError(f"request {request.id} arrives at {request.arrival:.4f} s; the clock is at "
-                             f"{self.clock:.4f} s: it cannot be served before it arrives")
+        self._check_admission(slot, request)
         if request.prompt.numel() < 1 or request.prompt.dim() != 1:
             raise ValueError(f"request {request.id}: the prompt must be a 1-d tensor of at least one token")
         if not self.can_admit(request):
@@ -277,26 +272,15 @@ class PagedEngine(Engine):
             self.last[slot] = request.output[-1]
             self.steps.append(("prefill", 1, start_clock, self.clock))
             return request.output[-1]
-        token = int(logits.argmax())
-        self.last[slot] = token
-        request.output.append(token)
-        request.t_first = self.clock
-        if request.done:
-            request.t_done = request.t_first
-        self.steps.append(("prefill", 1, start_clock, self.clock))
-        return token
+        return self._emit_first(slot, request, int(logits.argmax()), start_clock)
 
     @torch.inference_mode()
     def decode(self, slots: Sequence[int]) -> list[int]:
         """One decode step for these slots together, each at its own position, keys and values read through the
         block tables. Returns the token of each slot."""
         slots = list(slots)
-        if not slots or len(set(slots)) != len(slots):
-            raise ValueError(f"decode() needs distinct busy slots, got {slots}")
+        self._check_decode(slots)
         for s in slots:
-            self._check_slot(s)
-            if s not in self.slot_request:
-                raise ValueError(f"slot {s} holds no request: prefill() one into it first")
             if int(self.lengths[s]) >= self.max_len:
                 raise ValueError(f"slot {s} is full ({self.max_len} positions): release it")
         if self.blocks_needed(slots) > self.alloc.num_free:
@@ -322,22 +306,7 @@ class PagedEngine(Engine):
         logits = self.model.logits(x[:, 0])
         if self.keep_logits:
             self.logits_log.append(("decode", slots, logits.clone()))
-        tokens = logits.argmax(dim=-1)
-        self.lengths[idx] += 1
-        self.last[idx] = tokens
-        now = self.clock
-        out = tokens.tolist()
-        self.useful.append(sum(not self.slot_request[s].done for s in slots))
-        for s, t in zip(slots, out, strict=True):
-            request = self.slot_request[s]
-            if request.done:
-                self.wasted_slot_steps += 1
-                continue
-            request.output.append(t)
-            if request.done:
-                request.t_done = now
-        self.steps.append(("decode", len(slots), start, now))
-        self.occupancy.append(self.lengths[sorted(self.slot_request)].tolist())
+        out = self._emit_step(slots, idx, logits.argmax(dim=-1), start)
         self.blocks_in_use.append(self.alloc.num_blocks - self.alloc.num_free)
         return out
 
