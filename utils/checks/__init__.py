@@ -6,11 +6,17 @@ message that says what was expected, what came, and which TODO to fill in (gener
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import threading
 from collections.abc import Callable
 
-__all__ = ["LabCheckFailed", "call", "expect", "passed", "no_reference"]
+__all__ = ["LabCheckFailed", "call", "expect", "expect_speed", "passed", "no_reference", "speed_targets_enforced"]
+
+# Speed targets are enforced for a learner and for `make grade`. The test suite runs the solutions with
+# WORKBOOK_SPEED_TARGETS=record: timing thresholds are benchmarks, not tests (DESIGN.md), so there a missed target is
+# printed with its numbers instead of failing the run, and correctness is still enforced.
+SPEED_TARGETS_VAR = "WORKBOOK_SPEED_TARGETS"
 
 
 class LabCheckFailed(AssertionError):
@@ -30,6 +36,24 @@ def expect(condition: bool, message: str) -> None:
     """Fail the check with `message` (what was expected and what came) unless `condition` holds."""
     if not condition:
         raise LabCheckFailed(message)
+
+
+def speed_targets_enforced() -> bool:
+    """True unless $WORKBOOK_SPEED_TARGETS is 'record' (the test suite); anything but 'enforce' or 'record' is an error."""
+    value = os.environ.get(SPEED_TARGETS_VAR, "enforce").strip().lower()
+    if value not in ("enforce", "record"):
+        raise ValueError(f"{SPEED_TARGETS_VAR} must be 'enforce' or 'record', got {value!r}")
+    return value == "enforce"
+
+
+def expect_speed(condition: bool, message: str) -> None:
+    """Like expect(), for a speed target: fails when targets are enforced, otherwise prints the miss and goes on."""
+    if condition:
+        return
+    if speed_targets_enforced():
+        raise LabCheckFailed(message)
+    print(f"SPEED TARGET NOT ENFORCED ({SPEED_TARGETS_VAR}=record, as the test suite runs; a learner's check fails "
+          f"here):\n{message}")
 
 
 def passed(check: str, detail: str = "") -> None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from utils import training
-from utils.checks import LabCheckFailed, call, expect, no_reference, passed
+from utils.checks import LabCheckFailed, call, expect, expect_speed, no_reference, passed
 from utils.core import bench, verdict
 from utils.training import profiling
 
@@ -214,14 +214,15 @@ def check_fast_loop(fast_train, slow_train, dataset, *, batch_size: int, steps: 
     line = (f"{verdict.speed_line('fast_train', speedup, 'slow_train', min_speedup)} (median step "
             f"{median['slow']:.1f} -> {median['fast']:.1f} ms over {rounds} interleaved rounds)")
     look = "Look at the slow loop's profile: what does it do every step that training does not need?"
-    expect(speedup.high < min_speedup or verdict.speed(speedup, min_speedup) == verdict.FASTER,
-           f"undecided: {line}. The rounds disagree, as they do when other programs keep this machine's cores busy: "
-           f"run the check again. The check wants every round above {min_speedup:.2f}x; if the median stays below "
-           f"it, the loop is not fast enough yet. {look}")
-    expect(verdict.speed(speedup, min_speedup) == verdict.FASTER,
-           f"not fast enough: {line}; the check wants every round above {min_speedup:.2f}x. {look}")
-    passed("fast loop", f"{speedup} faster (median step {median['slow']:.1f} -> {median['fast']:.1f} ms), losses "
-           f"match to {rel:.1e}, weight updates to {wrel:.1e}")
+    met = verdict.speed(speedup, min_speedup) == verdict.FASTER
+    if speedup.high >= min_speedup and not met:
+        expect_speed(False, f"undecided: {line}. The rounds disagree, as they do when other programs keep this "
+                            f"machine's cores busy: run the check again. The check wants every round above "
+                            f"{min_speedup:.2f}x; if the median stays below it, the loop is not fast enough yet. {look}")
+    else:
+        expect_speed(met, f"not fast enough: {line}; the check wants every round above {min_speedup:.2f}x. {look}")
+    passed("fast loop" if met else "fast loop's training (speed target recorded above, not enforced)",
+           f"{line}; losses match to {rel:.1e}, weight updates to {wrel:.1e}")
     efficiency = over_bound.value
     print(f"compute bound (the same model's fp32 forward, backward and fused SGD step on batches already in memory): "
           f"{median['bound']:.1f} ms per step. Your loop runs at {efficiency:.0%} of it ({over_bound}), the slow loop "
