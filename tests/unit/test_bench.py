@@ -63,9 +63,9 @@ def test_compare_interleaves_rounds_and_gives_ratios_with_intervals():
     fns = {"a": lambda: order.append("a"), "b": lambda: order.append("b")}
     out = bench.compare(fns, rounds=3, min_run_time=0.01, warmup=0, quiet=True)
     assert len(out.round_ms["a"]) == len(out.round_ms["b"]) == 3
-    # interleaved: the calls alternate in blocks, a's first round before b's first round before a's second
-    firsts = [i for i in range(1, len(order)) if order[i] != order[i - 1]]
-    assert len(firsts) >= 5
+    # interleaved, every other round reversed: a b | b a | a b (runs of one callable's calls, merged where they meet)
+    runs = [order[0]] + [x for prev, x in zip(order, order[1:], strict=False) if x != prev]
+    assert runs == ["a", "b", "a", "b"]
     r = out.ratio("b")
     assert r.rounds == 3 and r.low <= r.value <= r.high
     assert out.ratio("a").value == pytest.approx(1.0)
@@ -86,3 +86,22 @@ def test_compare_gives_one_callable_its_own_warmup_every_round():
                         per_fn={"b": {"items": 4}}, quiet=True)
     assert out["b"].items == 4 and out["a"].items == 1
     assert set(out.round_ms) == {"a", "b"} and all(len(v) == 2 for v in out.round_ms.values())
+
+
+def test_a_measurement_rests_on_at_least_three_blocks():
+    import time
+
+    res = bench.measure(lambda: time.sleep(0.02), min_run_time=0.001, warmup=0)  # each call outlasts min_run_time
+    assert len(res.times_ms) >= bench.MIN_BLOCKS and res.runs >= bench.MIN_BLOCKS
+    with pytest.raises(ValueError, match="min_blocks must be a positive int"):
+        bench.measure(lambda: None, min_blocks=0)
+
+
+def test_rounds_that_disagree_make_a_ratio_noisy():
+    # b's rounds: one fast, two slow; the ratio of medians (1.0x) and the median of per-round ratios (2.0x) disagree
+    results = {k: bench.BenchResult(label=k, median_ms=m, iqr_ms=0.0, runs=3) for k, m in (("a", 10.0), ("b", 10.0))}
+    cmp = bench.Comparison(results, {"a": [10.0, 10.0, 40.0], "b": [5.0, 5.0, 10.0]}, "a")
+    r = cmp.ratio("b")
+    assert r.value == pytest.approx(2.0) and "the rounds disagree" in r.noisy and r.spread == pytest.approx(1.0)
+    steady = bench.Comparison(results, {"a": [10.0, 10.0, 10.0], "b": [10.0, 10.0, 10.0]}, "a").ratio("b")
+    assert steady.noisy == "" and steady.spread == 0.0

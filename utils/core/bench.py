@@ -25,10 +25,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 __all__ = ["BenchResult", "Ratio", "Comparison", "measure", "compare", "first_call_ms", "geomean", "copy_into_gbps",
-           "clone_gbps", "matmul_gflops", "MAX_IQR_FRACTION"]
+           "clone_gbps", "matmul_gflops", "MAX_IQR_FRACTION", "MIN_BLOCKS", "MAX_DISAGREEMENT"]
 
 # A timing whose interquartile range exceeds this fraction of its median is too noisy to judge (verdicts say so).
 MAX_IQR_FRACTION = 0.25
+# the fewest timed blocks a median and IQR rest on (measure): one is a single sample, with no spread to report
+MIN_BLOCKS = 3
+# The two estimates of one speedup, the median of the per-round ratios and the ratio of the two sides' median times,
+# agree on a steady machine; when they differ by more than this fraction the rounds disagree (a neighbour disturbed
+# some of them) and the ratio counts as noisy, judged on its interval widened by the disagreement.
+MAX_DISAGREEMENT = 0.2
 
 
 @dataclass(frozen=True)
@@ -65,10 +71,13 @@ def measure(
     min_run_time: float = 0.5,
     items: int = 1,
     num_threads: int | None = None,
+    min_blocks: int = MIN_BLOCKS,
 ) -> BenchResult:
     """Time `fn()` (no arguments: close over the inputs). Warm-up calls are not measured.
 
-    `min_run_time` (seconds) bounds the measuring time; smoke mode passes a small value.
+    `min_run_time` (seconds) bounds the measuring time; smoke mode passes a small value. Whatever it is, the median
+    and IQR rest on at least `min_blocks` timed blocks: a call slower than `min_run_time` would otherwise be timed
+    once, with an IQR of 0 that hides all spread, and one call a busy neighbour slowed would set the whole result.
     """
     import torch
     from torch.utils import benchmark
@@ -77,6 +86,8 @@ def measure(
         raise TypeError(f"measure() needs a callable taking no arguments, got {type(fn).__name__}")
     if warmup < 0 or min_run_time <= 0:
         raise ValueError(f"warmup must be >= 0 and min_run_time > 0, got warmup={warmup}, min_run_time={min_run_time}")
+    if not isinstance(min_blocks, int) or min_blocks < 1:
+        raise ValueError(f"min_blocks must be a positive int, got {min_blocks!r}")
     for _ in range(warmup):
         fn()
     timer = benchmark.Timer(
@@ -85,12 +96,18 @@ def measure(
         label=label or getattr(fn, "__name__", "fn"),
         num_threads=num_threads or torch.get_num_threads(),
     )
-    m = timer.blocked_autorange(min_run_time=min_run_time)
+    parts = [timer.blocked_autorange(min_run_time=min_run_time)]
+    # top up to min_blocks blocks, each a 1/min_blocks share of the first block's calls (at least one call): a block of
+    # many calls still amortises the timer, and a top-up costs at most the first block's time again
+    # (torch's Measurement.merge pools the blocks' per-call times)
+    number = max(1, -(-parts[0].number_per_run // min_blocks))
+    parts += [timer.timeit(number=number) for _ in range(min_blocks - len(parts[0].times))]
+    m = benchmark.Measurement.merge(parts)[0] if len(parts) > 1 else parts[0]
     return BenchResult(
         label=label or getattr(fn, "__name__", "fn"),
         median_ms=m.median * 1e3,
         iqr_ms=m.iqr * 1e3,
-        runs=len(m.times) * m.number_per_run,
+        runs=sum(len(p.times) * p.number_per_run for p in parts),
         items=items,
         times_ms=tuple(t * 1e3 for t in m.times),
     )
@@ -186,9 +203,16 @@ class Comparison(dict):
             if key not in self:
                 raise KeyError(f"{key!r} was not compared; the comparison has {list(self)}")
         sides = [k for k in dict.fromkeys((over, name)) if self[k].iqr_fraction > MAX_IQR_FRACTION]
-        noisy = "; ".join(f"{k}: IQR {self[k].iqr_fraction:.0%} of the median" for k in sides)
+        notes = [f"{k}: IQR {self[k].iqr_fraction:.0%} of the median" for k in sides]
         spread = max((self[k].iqr_fraction for k in sides), default=0.0)
-        return Ratio.from_times(self.round_ms[over], self.round_ms[name], noisy=noisy, caveat=caveat, spread=spread)
+        per_round = Ratio.from_times(self.round_ms[over], self.round_ms[name])
+        of_medians = self[over].median_ms / self[name].median_ms
+        disagreement = max(of_medians / per_round.value, per_round.value / of_medians) - 1
+        if per_round.rounds >= 2 and disagreement > MAX_DISAGREEMENT:
+            notes.append(f"the rounds disagree: the median times give {of_medians:.2f}x, the per-round ratios "
+                         f"{per_round.value:.2f}x")
+            spread = max(spread, disagreement)
+        return dataclasses.replace(per_round, noisy="; ".join(notes), caveat=caveat, spread=spread)
 
 
 def compare(
@@ -203,7 +227,8 @@ def compare(
     quiet: bool = False,
     **kwargs,
 ) -> Comparison:
-    """Measure several callables in interleaved rounds: each round times every callable once, in turn.
+    """Measure several callables in interleaved rounds: each round times every callable once, in turn (every other
+    round in reverse order).
 
     Returns a Comparison {name: BenchResult} whose ``ratio(name)`` is the speedup over `baseline` (default: the first
     entry) with its interval from the rounds. Prints each result and its ratio unless `quiet`. Warm-up calls run in
@@ -223,7 +248,9 @@ def compare(
     runs: dict[str, int] = dict.fromkeys(fns, 0)
     items: dict[str, int] = {}
     for r in range(rounds):
-        for name, fn in fns.items():
+        # every other round in reverse order (A B, B A, ...): a slowdown that comes and goes does not always hit the
+        # same side first
+        for name, fn in (fns.items() if r % 2 == 0 else reversed(fns.items())):
             kw = {"warmup": warmup, "min_run_time": min_run_time, **kwargs, **(per_fn or {}).get(name, {})}
             if r > 0 and not warmup_each_round:
                 kw["warmup"] = 0

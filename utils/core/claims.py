@@ -268,6 +268,9 @@ def _evaluate_one(c: Claim, results: dict[str, dict]) -> ClaimResult:
     if verdict == UNDECIDED:
         edge = c.low if lo < c.low else c.high
         reason += f": the interval crosses the claimed range's edge at {edge:.3g} {c.unit}"
+    lesson_note = data.get("notes", {}).get(metric, "")
+    if lesson_note.startswith("REJECTED"):  # the lesson measured it and refused it (accuracy): the row must say so
+        reason += f"; the lesson rejected this result ({lesson_note[len('REJECTED'):].lstrip(': ')})"
     if c.prediction:
         reason += _prediction_note(c, results)
     if mode == "smoke":
