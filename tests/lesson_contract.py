@@ -86,6 +86,16 @@ REQUIRED_METRICS = {
         # the softmax in the Triton language, in Triton's interpreter (excused in SECTION_METRICS["06.triton-interpreter"])
         "triton_softmax_parity_max_abs", "tiled_matmul_global_bytes_ratio",
     ],
+    "06_numerics": [
+        # summation error against an exact reference (section 1)
+        "summation_order_as_predicted", "naive_sum_error_ulps", "torch_sum_error_ulps", "kahan_vs_naive_error",
+        "naive_error_growth_slope", "kahan_vs_naive_error_worst_case",
+        # batch invariance on lesson 07's TinyGPT and a batch-invariant matmul (section 2)
+        "batch_invariance_max_diff", "batch_invariant_max_diff", "batch_invariant_bitwise",
+        "batch_invariant_matmul_speedup", "batch_invariant_decode_speedup",
+        # low-precision accumulation and the softmax's max subtraction (section 3)
+        "bf16_accumulation_rel_error", "softmax_textbook_nan_rows", "softmax_stable_max_abs",
+    ],
     "08_interview_prep": ["bank_questions", "code_proofs_run", "code_proofs_passed"],
     "07_llm_inference": [
         "kv_cache_speedup_at_max_len", "kv_cache_token_parity", "kv_cache_logit_parity", "kv_cache_bytes_per_token",

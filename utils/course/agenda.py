@@ -31,6 +31,7 @@ WORKSHOP_PLAN: dict[str, tuple[int, int]] = {
     "04_quantization": (20, 20),  # part 2 of lesson 04, with its lab
     "05_triton_ensemble": (20, 20),
     "06_fused_softmax": (20, 25),
+    "06_numerics": (15, 0),  # part 2 of lesson 06: no lab of its own
     "07_llm_inference": (20, 25),
     "07_llm_serving": (15, 0),  # part 2 of lesson 07: no lab of its own
     "08_interview_prep": (10, 20),
