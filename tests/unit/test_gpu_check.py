@@ -2,6 +2,7 @@
 says so, writes the JSON, and exits 2 (nothing checked is never reported as passed)."""
 
 import json
+import os
 
 import pytest
 
@@ -56,3 +57,102 @@ def test_run_tests_counts_passes_failures_and_skip_reasons(tmp_path):
     assert out["passed"] == 1
     assert len(out["failed"]) == 1 and "test_bad" in out["failed"][0]
     assert list(out["skipped"].values()) == ["needs a CUDA GPU"]
+
+
+# compute-sanitizer: captured in the formats its tools print (memcheck and racecheck, CUDA 12-13)
+MEMCHECK_CLEAN = """\
+========= COMPUTE-SANITIZER
+.....................                                                    [100%]
+21 passed in 96.10s (0:01:36)
+========= ERROR SUMMARY: 0 errors
+"""
+MEMCHECK_OOB = """\
+========= COMPUTE-SANITIZER
+========= Invalid __global__ read of size 16 bytes
+=========     at void softmax_forward_block<float, 4>(const T1 *, T1 *, long)+0x2d0
+=========     by thread (255,0,0) in block (3,0,0)
+=========     Address 0x7f3a2c000ff0 is out of bounds
+=========
+========= Invalid __global__ read of size 16 bytes
+=========     at void softmax_forward_block<float, 4>(const T1 *, T1 *, long)+0x2d0
+=========     by thread (254,0,0) in block (3,0,0)
+=========
+========= Target application returned an error
+========= ERROR SUMMARY: 2 errors
+"""
+RACECHECK_HAZARD = """\
+========= COMPUTE-SANITIZER
+========= Error: Race reported between Write access at void softmax_forward_block<float, 4>(const T1 *, T1 *, long)+0x400
+=========     and Read access at void softmax_forward_block<float, 4>(const T1 *, T1 *, long)+0x440 [8 hazards]
+=========
+========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)
+"""
+
+
+def test_sanitizer_command_names_the_tool_and_tells_findings_from_failures():
+    cmd = gpu_check.sanitizer_command("racecheck", "/opt/cuda/bin/compute-sanitizer")
+    assert cmd[:3] == ["/opt/cuda/bin/compute-sanitizer", "--tool", "racecheck"]
+    assert cmd[cmd.index("--error-exitcode") + 1] == str(gpu_check.SANITIZER_EXIT) != "1"
+    assert cmd[cmd.index("--report-api-errors") + 1] == "no"
+    with pytest.raises(ValueError, match="memcheck, racecheck, initcheck or synccheck, got 'leakcheck'"):
+        gpu_check.sanitizer_command("leakcheck", "compute-sanitizer")
+    assert set(gpu_check.SANITIZER_RUNS) == {"memcheck", "racecheck"}
+    assert all(args[0].startswith("tests/build/test_kernels.py::") for args in gpu_check.SANITIZER_RUNS.values())
+
+
+def test_parse_sanitizer_reads_summaries_and_findings():
+    clean = gpu_check.parse_sanitizer(MEMCHECK_CLEAN, "memcheck")
+    assert clean["clean"] and clean["errors"] == 0 and clean["findings"] == []
+    bad = gpu_check.parse_sanitizer(MEMCHECK_OOB, "memcheck")
+    assert not bad["clean"] and bad["errors"] == 2 and bad["reason"] == "2 error(s) reported"
+    assert bad["findings"] == ["Invalid __global__ read of size 16 bytes"]  # the same report once, details left out
+    race = gpu_check.parse_sanitizer(RACECHECK_HAZARD, "racecheck")
+    assert not race["clean"] and (race["errors"], race["warnings"]) == (1, 0)
+    assert race["findings"][0].startswith("Error: Race reported between Write access")
+    cut = gpu_check.parse_sanitizer("========= COMPUTE-SANITIZER\nSegmentation fault (core dumped)\n", "memcheck")
+    assert not cut["clean"] and cut["errors"] is None and "no memcheck summary" in cut["reason"]
+    # racecheck's verdict comes from its own summary, not from an ERROR SUMMARY line
+    assert not gpu_check.parse_sanitizer("========= ERROR SUMMARY: 0 errors\n", "racecheck")["clean"]
+    with pytest.raises(TypeError, match="as text"):
+        gpu_check.parse_sanitizer(None, "memcheck")
+
+
+def test_run_sanitizer_without_the_tool_says_why(monkeypatch, tmp_path):
+    monkeypatch.setattr(gpu_check, "sanitizer_path", lambda: None)
+    out = gpu_check.run_sanitizer(tmp_path)
+    assert list(out) == ["skipped"] and "CUDA toolkit" in out["skipped"]
+    device = {"gpu": "H100", "compute_capability": "9.0", "memory_gib": 79.1, "torch": "2.14", "cuda_build": "13.0",
+              "python": "3.12", "date": "2026-11-25", "capabilities": {}}
+    doc = gpu_check.summarize(device, None, {}, out)
+    assert doc["failed"] == [] and "compute-sanitizer: skipped" in gpu_check._table(doc)
+
+
+@pytest.mark.skipif(os.name == "nt", reason="the stand-in sanitizer is a POSIX shell script")
+def test_run_sanitizer_wraps_pytest_and_reads_its_report(monkeypatch, tmp_path):
+    fake = tmp_path / "compute-sanitizer"  # prints what the real one prints around a clean run, runs the rest
+    fake.write_text('#!/bin/sh\necho "========= COMPUTE-SANITIZER"\n'
+                    'while [ "$1" != "--error-exitcode" ]; do shift; done; shift 2\n'
+                    '"$@"; rc=$?\necho "========= ERROR SUMMARY: 0 errors"\nexit $rc\n')
+    fake.chmod(0o755)
+    probe = tmp_path / "test_probe.py"
+    probe.write_text("def test_ok():\n    pass\n\ndef test_bad():\n    assert False\n")
+    monkeypatch.setattr(gpu_check, "sanitizer_path", lambda: fake)
+    runs = {"memcheck": [str(probe), "-o", "addopts=", "-p", "no:nbval"]}
+    out = gpu_check.run_sanitizer(tmp_path, runs=runs, timeout=300)["memcheck"]
+    assert out["command"].startswith("compute-sanitizer --tool memcheck") and "pytest" in out["command"]
+    assert out["passed"] == 1 and len(out["failed"]) == 1 and out["exit_code"] == 1
+    assert out["errors"] == 0 and not out["clean"] and "a test failed" in out["reason"]
+    doc = gpu_check.summarize({"gpu": "test"}, None, {}, {"memcheck": out})
+    assert any(f.startswith("compute-sanitizer memcheck: exit code 1") for f in doc["failed"])
+    probe.write_text("import pytest\n\n@pytest.mark.skip(reason='needs a CUDA GPU')\ndef test_gpu():\n    pass\n")
+    skipped = gpu_check.run_sanitizer(tmp_path, runs=runs, timeout=300)["memcheck"]
+    assert skipped["errors"] == 0 and not skipped["clean"]  # a clean summary over nothing checked is no pass
+    assert skipped["reason"] == "no test ran under the sanitizer (needs a CUDA GPU)"
+
+
+def test_triton_gpu_numbers_are_among_the_key_metrics():
+    triton_metrics = {m for (stem, m) in gpu_check.KEY_METRICS if stem == "06_fused_softmax" and "triton" in m}
+    assert triton_metrics == {"triton_gpu_parity_max_abs_fp32", "triton_gpu_softmax_fraction_of_copy_bw",
+                              "triton_gpu_few_long_rows_fraction_of_copy_bw",
+                              "triton_gpu_softmax_speedup_vs_torch_geomean"}
+    assert all((env.repo_root() / f).is_file() for f in gpu_check.GPU_TESTS)

@@ -1,25 +1,32 @@
 """`make gpu-check`: run every GPU section of the course on this machine and say what ran (README "GPU machines").
 
-    python -m utils.course.gpu_check [--lessons 00 06 ...] [--no-tests] [--no-lessons]
+    python -m utils.course.gpu_check [--lessons 00 06 ...] [--no-tests] [--no-sanitizer] [--no-lessons]
 
 For a machine with an NVIDIA GPU, in the course environment or your own (a plain clone, no make, no pip install of
 the project: `python -m utils.course.gpu_check` from the checkout). It runs
 
-1. the GPU tests (pytest over GPU_TESTS: the CUDA kernel build, parity, opcheck, the device probes), and
-2. every lesson that has GPU sections, in smoke mode, through the same papermill runner as `make course`,
+1. the GPU tests (pytest over GPU_TESTS: the CUDA kernel build, parity, opcheck, the Triton kernels compiled, the
+   device probes),
+2. the CUDA softmax's parity test again under NVIDIA's compute-sanitizer, where the CUDA toolkit ships it: memcheck
+   (out-of-bounds and misaligned accesses) over the whole test, racecheck (shared-memory hazards, which only the
+   block kernels can have) over the row lengths that take the block path (SANITIZER_RUNS), and
+3. every lesson that has GPU sections, in smoke mode, through the same papermill runner as `make course`,
 
 then writes ``<build>/results/gpu_check.json`` and prints a table: the device, each GPU section (ran, or skipped and
-why), the tests, and the key numbers (CUDA softmax as a fraction of the device's measured copy bandwidth, fp16 AMP
-training speedup, CUDA graphs speedup, ONNX Runtime CUDA and TensorRT speedups where installed).
+why), the tests, the sanitizer's findings, and the key numbers (CUDA and Triton softmax as fractions of the device's
+measured copy bandwidth, fp16 AMP training speedup, CUDA graphs speedup, ONNX Runtime CUDA and TensorRT speedups
+where installed).
 
-Exit code: 0 when everything that ran passed, 1 when a test or a lesson failed, 2 when there is no CUDA GPU here
-(nothing to check; the JSON says why).
+Exit code: 0 when everything that ran passed, 1 when a test, a sanitizer run or a lesson failed, 2 when there is no
+CUDA GPU here (nothing to check; the JSON says why).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import time
@@ -30,11 +37,19 @@ from utils import kernels
 from utils.core import env, sections
 from utils.course.run import NotebookFailed, lesson_notebooks, run_notebook
 
-__all__ = ["GPU_CAPABILITIES", "GPU_TESTS", "KEY_METRICS", "gpu_sections", "device_info", "run_tests", "run_lessons",
+__all__ = ["GPU_CAPABILITIES", "GPU_TESTS", "KEY_METRICS", "SANITIZER_RUNS", "gpu_sections", "device_info",
+           "run_tests", "sanitizer_path", "sanitizer_command", "parse_sanitizer", "run_sanitizer", "run_lessons",
            "summarize", "main"]
 
 GPU_CAPABILITIES = {"cuda", "cuda+nvcc", "nvcc", "tensorrt"}
-GPU_TESTS = ["tests/build/test_kernels.py", "tests/unit/test_env.py", "tests/unit/test_bench.py"]
+GPU_TESTS = ["tests/build/test_kernels.py", "tests/build/test_triton_kernels.py", "tests/build/test_triton_attention.py",
+             "tests/build/test_cuda_occupancy.py", "tests/unit/test_env.py", "tests/unit/test_bench.py"]
+# compute-sanitizer tool -> the pytest arguments it runs. memcheck: the CUDA softmax's whole parity test (warp and block
+# kernels, every dtype, forward and backward). racecheck checks shared memory only, which only the block kernels use
+# (rows longer than 1024): the scalar (4099) and vectorized (32768) block paths, at a fraction of the run's cost.
+_CUDA_PARITY_TEST = "tests/build/test_kernels.py::test_cuda_kernel_matches_torch"
+SANITIZER_RUNS = {"memcheck": [_CUDA_PARITY_TEST], "racecheck": [_CUDA_PARITY_TEST, "-k", "4099 or 32768"]}
+SANITIZER_EXIT = 86  # compute-sanitizer's exit code when it found something: told apart from a failing test's 1
 # (lesson, metric) -> what the number means, printed in the table
 KEY_METRICS = {
     ("00_environment", "gpu_copy_gbps"): "device copy bandwidth, GB/s (read + write)",
@@ -48,6 +63,12 @@ KEY_METRICS = {
     ("05_triton_ensemble", "gpu_throughput_rps_batching"): "Triton with a GPU encoder, req/s",
     ("06_fused_softmax", "gpu_softmax_fraction_of_copy_bw"): "CUDA softmax, fraction of the device's copy bandwidth",
     ("06_fused_softmax", "cuda_parity_max_abs_fp32"): "CUDA softmax parity, max |error| vs torch",
+    ("06_fused_softmax", "triton_gpu_parity_max_abs_fp32"): "Triton softmax compiled, parity, max |error| vs torch",
+    ("06_fused_softmax", "triton_gpu_softmax_fraction_of_copy_bw"): "Triton softmax, fraction of the device's copy "
+                                                                    "bandwidth (rows of 256 to 32K floats)",
+    ("06_fused_softmax", "triton_gpu_few_long_rows_fraction_of_copy_bw"): "Triton looped softmax, few long rows, "
+                                                                          "fraction of copy bandwidth",
+    ("06_fused_softmax", "triton_gpu_softmax_speedup_vs_torch_geomean"): "Triton softmax over torch.softmax",
     ("07_llm_inference", "gpu_sdpa_flash_speedup_vs_math"): "SDPA flash backend over math, fp16 causal attention",
 }
 
@@ -78,15 +99,21 @@ def device_info() -> dict:
     return info
 
 
-def run_tests(build: Path, files: list[str] = GPU_TESTS, timeout: int = 1800) -> dict:
-    """Run `files` with pytest in a child process; {passed, failed: [...], skipped: {test: reason}, seconds}."""
-    report_xml = build / "gpu_check_tests.xml"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report_xml}", *files]
+def run_tests(build: Path, files: list[str] = GPU_TESTS, timeout: int = 1800, *, wrapper: list[str] = (),
+              name: str = "gpu_check_tests") -> dict:
+    """Run `files` with pytest in a child process, under `wrapper` (a command prefix such as compute-sanitizer's) if
+    given; {passed, failed: [...], skipped: {test: reason}, seconds, exit_code}. The whole output goes to
+    ``<build>/<name>.log``."""
+    report_xml, log = build / f"{name}.xml", build / f"{name}.log"
+    report_xml.unlink(missing_ok=True)  # a crashed run must not be read from the last run's report
+    cmd = [*wrapper, sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report_xml}", *files]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=env.repo_root(), env=env.child_environ(), capture_output=True, text=True,
                           timeout=timeout)
-    out = {"command": " ".join(cmd[2:]), "passed": 0, "failed": [], "skipped": {},
-           "seconds": round(time.perf_counter() - t0, 1), "exit_code": proc.returncode}
+    log.write_text(proc.stdout + proc.stderr)
+    shown = [Path(wrapper[0]).name, *wrapper[1:]] if wrapper else []
+    out = {"command": " ".join([*shown, *cmd[len(wrapper) + 2 :]]), "passed": 0, "failed": [], "skipped": {},
+           "seconds": round(time.perf_counter() - t0, 1), "exit_code": proc.returncode, "log": str(log)}
     if not report_xml.is_file():
         out["failed"].append(f"pytest wrote no report (exit {proc.returncode}): {proc.stdout[-1500:]}{proc.stderr[-1500:]}")
         return out
@@ -99,6 +126,84 @@ def run_tests(build: Path, files: list[str] = GPU_TESTS, timeout: int = 1800) ->
             out["failed"].append(f"{name}: {(node.get('message') or '').splitlines()[0][:300] if node.get('message') else ''}")
         else:
             out["passed"] += 1
+    return out
+
+
+def sanitizer_path() -> Path | None:
+    """NVIDIA's compute-sanitizer (part of the CUDA toolkit): on PATH, beside nvcc, or in the toolkit's own folder."""
+    found = shutil.which("compute-sanitizer")
+    candidates = [Path(found)] if found else []
+    nvcc = env.nvcc_path()
+    if nvcc is not None:
+        toolkit = Path(nvcc).resolve().parent.parent
+        candidates += [toolkit / "bin" / "compute-sanitizer", toolkit / "compute-sanitizer" / "compute-sanitizer"]
+    candidates.append(Path("/usr/local/cuda/compute-sanitizer/compute-sanitizer"))
+    return next((c for c in candidates if c.is_file()), None)
+
+
+def sanitizer_command(tool: str, sanitizer: Path | str) -> list[str]:
+    """The compute-sanitizer prefix for one tool ("memcheck", "racecheck", "initcheck" or "synccheck").
+
+    ``--report-api-errors no``: the check is about the kernels' memory accesses; torch's runtime probes CUDA API calls
+    that may fail by design, which are not this course's findings. ``--target-processes all``: pytest may start
+    children. ``--error-exitcode``: tells "the tool found something" from "a test failed"."""
+    if tool not in ("memcheck", "racecheck", "initcheck", "synccheck"):
+        raise ValueError(f"tool must be memcheck, racecheck, initcheck or synccheck, got {tool!r}")
+    return [str(sanitizer), "--tool", tool, "--report-api-errors", "no", "--target-processes", "all",
+            "--print-limit", "20", "--error-exitcode", str(SANITIZER_EXIT)]
+
+
+_SUMMARY = re.compile(r"^=+ ERROR SUMMARY: (\d+) errors?", re.M)
+_RACE_SUMMARY = re.compile(r"^=+ RACECHECK SUMMARY: (\d+) hazards? displayed \((\d+) errors?, (\d+) warnings?\)", re.M)
+_NOT_FINDINGS = ("COMPUTE-SANITIZER", "ERROR SUMMARY", "RACECHECK SUMMARY", "LEAK SUMMARY", "Process ID",
+                 "Target application returned", "This can take a while")
+
+
+def parse_sanitizer(text: str, tool: str) -> dict:
+    """What compute-sanitizer said: {tool, errors, warnings, findings: [the first line of each report, at most 20],
+    clean, reason}. `clean` needs the tool's own summary line: a run that died before printing it is not clean,
+    whatever else it printed."""
+    if not isinstance(text, str):
+        raise TypeError(f"parse_sanitizer: expected compute-sanitizer's output as text, got {type(text).__name__}")
+    findings: list[str] = []
+    for line in text.splitlines():
+        m = re.match(r"^=+ (\S.*)$", line)  # a report starts at the margin; its details are indented below it
+        if m and not m.group(1).startswith(_NOT_FINDINGS) and m.group(1) not in findings:
+            findings.append(m.group(1))
+    out = {"tool": tool, "errors": None, "warnings": 0, "findings": findings[:20], "clean": False, "reason": ""}
+    if tool == "racecheck":  # its verdict is its own summary line: hazards, as errors and warnings
+        races = _RACE_SUMMARY.findall(text)
+        if races:
+            out.update(errors=sum(int(r[1]) for r in races), warnings=sum(int(r[2]) for r in races))
+    elif summaries := _SUMMARY.findall(text):
+        out["errors"] = sum(int(n) for n in summaries)
+    if out["errors"] is None:
+        out["reason"] = f"no {tool} summary in the output: the tool or the program stopped before the end"
+    elif out["errors"]:
+        out["reason"] = f"{out['errors']} error(s) reported"
+    else:
+        out["clean"] = True
+    return out
+
+
+def run_sanitizer(build: Path, runs: dict[str, list[str]] = SANITIZER_RUNS, timeout: int = 3600) -> dict:
+    """Run each tool of `runs` over its pytest arguments under compute-sanitizer: {tool: run_tests' dict + the parse},
+    or {"skipped": reason} where there is no compute-sanitizer."""
+    sanitizer = sanitizer_path()
+    if sanitizer is None:
+        return {"skipped": "no compute-sanitizer (it ships with the CUDA toolkit: install the toolkit, or put its "
+                           "bin folder on PATH)"}
+    out = {}
+    for tool, args in runs.items():
+        print(f"  compute-sanitizer --tool {tool} ...", flush=True)
+        result = run_tests(build, args, timeout, wrapper=sanitizer_command(tool, sanitizer), name=f"sanitizer_{tool}")
+        result.update(parse_sanitizer(Path(result["log"]).read_text(), tool))
+        if result["exit_code"] not in (0, SANITIZER_EXIT) and not result["reason"]:
+            result.update(clean=False, reason=f"exit code {result['exit_code']} (a test failed or the run crashed)")
+        elif result["clean"] and not result["passed"]:  # nothing ran under the tool: nothing was checked
+            skipped = "; ".join(sorted(set(result["skipped"].values()))) or "no test selected"
+            result.update(clean=False, reason=f"no test ran under the sanitizer ({skipped})")
+        out[tool] = result
     return out
 
 
@@ -127,8 +232,9 @@ def run_lessons(lessons: list[str], build: Path) -> dict[str, dict]:
     return out
 
 
-def summarize(device: dict, tests: dict | None, lessons: dict[str, dict]) -> dict:
-    """The gpu_check.json document: device, sections (ran / skipped with reason / not run), tests, key numbers."""
+def summarize(device: dict, tests: dict | None, lessons: dict[str, dict], sanitizer: dict | None = None) -> dict:
+    """The gpu_check.json document: device, sections (ran / skipped with reason / not run), tests, sanitizer runs,
+    key numbers, and what failed."""
     by_section = {}
     for prefix, ids in gpu_sections().items():
         stem = next((s for s in lessons if s.startswith(prefix)), None)
@@ -153,7 +259,10 @@ def summarize(device: dict, tests: dict | None, lessons: dict[str, dict]) -> dic
         if value is not None:
             numbers[f"{stem}.{metric}"] = {"value": value, "what": what}
     failed = [s for s, e in lessons.items() if not e["ok"]] + (tests["failed"] if tests else [])
-    return {"device": device, "sections": by_section, "tests": tests,
+    for tool, run in (sanitizer or {}).items():
+        if isinstance(run, dict) and not run.get("clean", True):
+            failed.append(f"compute-sanitizer {tool}: {run['reason']}")
+    return {"device": device, "sections": by_section, "tests": tests, "sanitizer": sanitizer,
             "lessons": {s: {k: v for k, v in e.items() if k != "results"} for s, e in lessons.items()},
             "key_numbers": numbers, "failed": failed}
 
@@ -172,6 +281,16 @@ def _table(doc: dict) -> str:
         lines += [f"  FAILED {f}" for f in t["failed"]]
         reasons = sorted(set(t["skipped"].values()))
         lines += [f"  skipped ({sum(v == r for v in t['skipped'].values())}): {r}" for r in reasons]
+    sanitizer = doc.get("sanitizer")
+    if sanitizer and "skipped" in sanitizer:
+        lines += ["", f"compute-sanitizer: skipped: {sanitizer['skipped']}"]
+    elif sanitizer:
+        lines += [""]
+        for tool, run in sanitizer.items():
+            verdict = "clean" if run["clean"] else f"NOT CLEAN ({run['reason']})"
+            lines += [f"compute-sanitizer {tool}: {verdict}; {run['passed']} tests passed, {len(run['failed'])} "
+                      f"failed ({run['seconds']} s): {run['command']}"]
+            lines += [f"  {f}" for f in run["findings"][:5]]
     if doc["key_numbers"]:
         lines += ["", "key numbers:"]
         lines += [f"  {v['value']:>10.4g}  {v['what']}  [{k}]" for k, v in doc["key_numbers"].items()]
@@ -184,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m utils.course.gpu_check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--lessons", nargs="*", default=None, help="lesson prefixes (default: every lesson with GPU sections)")
     parser.add_argument("--no-tests", action="store_true", help="skip the GPU tests")
+    parser.add_argument("--no-sanitizer", action="store_true", help="skip the compute-sanitizer runs")
     parser.add_argument("--no-lessons", action="store_true", help="skip the lessons")
     args = parser.parse_args(argv)
     build = env.build_dir() / "gpu-check"
@@ -201,8 +321,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     lessons = sorted(gpu_sections()) if args.lessons is None else args.lessons
     tests = None if args.no_tests else run_tests(build)
+    sanitizer = None if args.no_sanitizer else run_sanitizer(build)
     ran = {} if args.no_lessons else run_lessons(lessons, build)
-    doc = summarize(device, tests, ran)
+    doc = summarize(device, tests, ran, sanitizer)
     out_path.write_text(json.dumps(doc, indent=2, default=str))
     print(_table(doc))
     print(f"\nwrote {out_path}")
