@@ -1,7 +1,9 @@
 """utils.interview and its bank (lesson 08): the bank validates, every proof runs, the quiz is seeded."""
 
+import importlib
 import importlib.util
 import json
+import random
 import re
 import warnings
 
@@ -27,6 +29,20 @@ SOURCE_QUESTIONS = {
 }
 
 
+# issue 28: the topics interviews for inference roles open with, each with a card whose proof runs on a CPU
+ISSUE_28_CARDS = {
+    "LLM serving": {"paged-kv-cache", "prefix-caching", "chunked-prefill", "speculative-decoding", "speculative-sampling",
+                    "grouped-query-attention", "int8-kv-cache", "flash-attention-io", "static-vs-continuous-batching"},
+    "sizing arithmetic": {"kv-cache-budget", "decode-latency-bound", "replicas-littles-law"},
+    "quantization": {"affine-quantization", "integer-matmul-requantize", "calibration-methods", "ptq-vs-qat",
+                     "weight-only-int4", "smoothquant"},
+    "numerics": {"kahan-summation", "batch-invariance"},
+    "GPU architecture": {"tiling-memory-hierarchy", "warps-and-divergence", "occupancy", "memory-coalescing",
+                         "tensor-cores-vs-systolic"},
+    "torch.compile": {"compile-recompilation"},
+}
+
+
 def test_bank_is_large_and_covers_every_lesson():
     assert len(BANK) >= 30
     lessons = {q.lesson for q in BANK}
@@ -40,6 +56,16 @@ def test_every_source_question_is_in_the_bank():
     for qid in SOURCE_QUESTIONS:
         assert ids[qid].origin == "source" and ids[qid].source_ref, qid
     assert sum(q.origin == "source" for q in BANK) == len(SOURCE_QUESTIONS)
+
+
+def test_issue_28_topics_have_cards_with_code_proofs():
+    ids = {q.id: q for q in BANK}
+    wanted = set().union(*ISSUE_28_CARDS.values())
+    assert len(wanted) >= 20
+    missing = sorted(wanted - set(ids))
+    assert not missing, f"issue 28's cards missing from the bank: {missing}"
+    assert all(ids[qid].code for qid in wanted), "each of issue 28's cards proves its answer with code"
+    assert {"04_quantization", "07_llm_serving"} <= {ids[qid].lesson for qid in wanted}
 
 
 def test_every_question_has_an_answer_a_lesson_and_a_proof():
@@ -166,6 +192,24 @@ def test_quiz_is_seeded_and_filtered():
         interview.quiz(1, lessons=["42"], show=False)
     with pytest.raises(ValueError, match="positive integer"):
         interview.quiz(0, show=False)
+
+
+def test_default_quiz_draws_fewer_torchscript_and_keras_cards():
+    legacy = importlib.import_module("utils.interview.quiz").LEGACY_IDS  # the package's `quiz` is the function
+    assert legacy <= {q.id for q in BANK}, "LEGACY_IDS names a card the bank does not have"
+
+    def legacy_share(**kw):  # share of legacy cards over many seeded quizzes (deterministic: fixed seeds)
+        drawn = [q.id for s in range(300) for q in interview.quiz(8, seed=s, show=False, bank=BANK, **kw).questions]
+        return sum(qid in legacy for qid in drawn) / len(drawn)
+
+    in_bank = len(legacy) / len(BANK)
+    assert legacy_share() < 0.5 * in_bank < legacy_share(legacy_weight=1.0)
+    lesson02 = [q for q in BANK if q.lesson == "02_graphs"]  # a quiz on a lesson weighs its cards alike: a plain sample
+    for s in range(5):
+        picked = interview.quiz(4, seed=s, lessons=["02"], show=False, bank=BANK).questions
+        assert [q.id for q in picked] == [q.id for q in random.Random(s).sample(lesson02, 4)]
+    with pytest.raises(ValueError, match="legacy_weight"):
+        interview.quiz(3, legacy_weight=0, show=False)
 
 
 def test_quiz_hides_answers_until_asked(capsys):

@@ -21,9 +21,12 @@ LESSON_TITLES = {
     "02_graphs": "Graphs: trace, script, export, compile",
     "03_profiling_amp": "Profiling and mixed precision",
     "04_onnx_tensorrt": "ONNX and TensorRT",
+    "04_quantization": "Quantization from the arithmetic up",
     "05_triton_ensemble": "A Triton ensemble",
     "06_fused_softmax": "A fused softmax kernel",
+    "06_numerics": "Numerics: long sums and batch invariance",
     "07_llm_inference": "Inside LLM inference",
+    "07_llm_serving": "Serving techniques for LLMs",
     "08_interview_prep": "Interview prep",
 }
 

@@ -14,7 +14,14 @@ from dataclasses import dataclass
 from utils.interview.bank import LESSON_TITLES, Question, get, load_bank
 from utils.interview.proofs import locate, recorded, run_proof, session_results
 
-__all__ = ["card", "Quiz", "quiz"]
+__all__ = ["card", "Quiz", "quiz", "LEGACY_IDS", "LEGACY_WEIGHT"]
+
+# Cards on TorchScript (deprecated: torch.export and torch.compile succeed it) and on Keras specifics, which inference
+# interviews now ask far less often than LLM serving or quantization (issue 28). They stay in the bank, in card() and in
+# a quiz filtered by lesson; the default whole-bank quiz draws each of them with LEGACY_WEIGHT of a normal card's weight.
+LEGACY_IDS = frozenset({"trace-vs-script", "what-is-torchscript", "debug-torchscript", "freeze-folds-batchnorm",
+                        "keras-call-vs-predict"})
+LEGACY_WEIGHT = 0.25
 
 
 def _in_kernel() -> bool:
@@ -167,10 +174,13 @@ class Quiz:
             display(HTML(self.html()))
 
 
-def quiz(n: int = 5, seed: int = 0, lessons=None, *, show: bool = True, mode: str = "auto", bank=None) -> Quiz:
+def quiz(n: int = 5, seed: int = 0, lessons=None, *, show: bool = True, mode: str = "auto", bank=None,
+         legacy_weight: float = LEGACY_WEIGHT) -> Quiz:
     """A seeded random subset of `n` questions, optionally from some lessons only (lesson 08).
 
-    The same seed gives the same questions in the same order, so a class can share a quiz by its seed.
+    The same seed gives the same questions in the same order, so a class can share a quiz by its seed. Without
+    `lessons`, the cards in LEGACY_IDS (TorchScript, Keras) are drawn with `legacy_weight` (1: like any other card);
+    a quiz on named lessons weighs every card alike.
     """
     bank = bank if bank is not None else load_bank()
     if lessons is not None:
@@ -183,7 +193,15 @@ def quiz(n: int = 5, seed: int = 0, lessons=None, *, show: bool = True, mode: st
         raise ValueError(f"n must be a positive integer, got {n!r}")
     if n > len(bank):
         raise ValueError(f"asked for {n} questions but only {len(bank)} match")
-    picked = random.Random(seed).sample(bank, n)
+    if not (isinstance(legacy_weight, int | float) and not isinstance(legacy_weight, bool) and 0 < legacy_weight <= 1):
+        raise ValueError(f"legacy_weight must be a number in (0, 1], got {legacy_weight!r}")
+    rng = random.Random(seed)
+    weights = [legacy_weight if lessons is None and q.id in LEGACY_IDS else 1.0 for q in bank]
+    if all(w == 1.0 for w in weights):
+        picked = rng.sample(bank, n)
+    else:  # weighted sampling without replacement (Efraimidis-Spirakis): the n largest keys u ** (1 / weight)
+        keys = [rng.random() ** (1 / w) for w in weights]
+        picked = [bank[i] for i in sorted(range(len(bank)), key=keys.__getitem__, reverse=True)[:n]]
     result = Quiz(picked, seed)
     if show:
         result.show(mode)
