@@ -14,8 +14,10 @@ SUBMISSIONS ?=
 NOTEBOOKS ?=
 # Extra arguments for `make lab`, e.g. LAB_ARGS="--no-browser --port 8890"
 LAB_ARGS ?=
+# Platforms `make test-platforms` emulates (utils/core/platforms.py), e.g. make test-platforms PLATFORMS=windows
+PLATFORMS ?= linux-aarch64 macos-arm64 windows
 
-.PHONY: help env course test test-fast test-course test-lean gpu-check lab labs report lint doctor warmup grade site agenda clean
+.PHONY: help env course test test-fast test-course test-lean test-platforms gpu-check lab labs report lint doctor warmup grade site agenda clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' Makefile | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -37,11 +39,31 @@ test-course:  ## the whole test suite in smoke mode in the course environment (i
 # The bring-your-own-environment path, proved on CPU: a lean environment unlike the course's (torch 2.11 on Python
 # 3.12, NumPy 2, plain onnxruntime, no TensorFlow, no Triton; the project NOT pip-installed) runs the doctor, the
 # unit tests and every lesson in smoke mode; what it lacks is skipped with a one-line reason.
-test-lean:  ## your-own-environment path in a lean env (torch 2.11, Python 3.12, no TF/Triton): doctor, unit tests, lessons
+test-lean:  ## your-own-environment path in a lean env (torch 2.11, Python 3.12, no TF/Triton): doctor, tests, lessons
 	@lean=$$(scripts/ensure_env.sh lean) && export WORKBOOK_OWN_ENV=1 WORKBOOK_SMOKE=1 \
 	  WORKBOOK_BUILD_DIR="$(CURDIR)/build/lean" && rm -rf build/lean/results && \
 	  "$$lean/bin/python" -m utils.course.doctor && "$$lean/bin/python" -m pytest tests/unit tests/build tests/server \
-	  tests/notebooks/test_lesson_results.py $(PYTEST_ARGS)
+	  $(PYTEST_ARGS)
+	@$(MAKE) --no-print-directory test-platforms
+
+# The lean environment's lessons, with each foreign platform emulated (WORKBOOK_EMULATE, utils/core/platforms.py: what
+# that platform lacks is masked, torch's quantized engine chosen as there): the doctor's plan, then the lessons in
+# smoke mode (no traceback; only listed sections skipped) and what each ran or skipped compared with that plan.
+# linux-aarch64 (the first) runs every lesson: it is test-lean's lesson run. The others run only the lessons their
+# platform changes (tests/build/platform_lessons.py), which keeps `make test` within its time budget. What emulation
+# cannot show (Windows process semantics, Apple clang, the real CPU) is named in platforms.py and the README.
+test-platforms:  ## the lean env's lessons with each foreign platform emulated: doctor's plan == what ran, no traceback
+	@lean=$$(scripts/ensure_env.sh lean) && export WORKBOOK_OWN_ENV=1 WORKBOOK_SMOKE=1 && \
+	for platform in $(PLATFORMS); do \
+	  build="$(CURDIR)/build/platforms/$$platform"; rm -rf "$$build/results"; mkdir -p "$$build"; \
+	  only=$$(WORKBOOK_EMULATE= "$$lean/bin/python" -m tests.build.platform_lessons $$platform) || exit 1; \
+	  echo ">> emulating $$platform (WORKBOOK_EMULATE=$$platform): $$only"; \
+	  [ "$$only" = no_lesson_differs ] && continue; \
+	  WORKBOOK_EMULATE=$$platform WORKBOOK_BUILD_DIR="$$build" "$$lean/bin/python" -m utils.course.doctor --quick \
+	    > "$$build.doctor.txt" && \
+	  WORKBOOK_EMULATE=$$platform WORKBOOK_BUILD_DIR="$$build" "$$lean/bin/python" -m pytest \
+	    tests/build/test_platform_plan.py tests/notebooks/test_lesson_results.py -k "$${only#every lesson}" $(PYTEST_ARGS) || exit 1; \
+	done
 
 gpu-check:  ## on a GPU machine: every GPU section (tests + lessons in smoke mode) -> build/results/gpu_check.json
 	@$(ENV) && $$PY -m utils.course.gpu_check

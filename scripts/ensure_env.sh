@@ -121,8 +121,9 @@ prune_old() {
     fi
     sha256sum "$req" > "$envdir/.complete"
     echo ">> done: $envdir" >&2
-    prune_old
   fi
+  # every run, not only when this one was built: stale environments left by earlier clones or older scripts go too
+  prune_old
   if [ "$kind" = course ]; then
     # The helper package is installed editable, pointing at *this* clone (cheap; redone when the clone moves).
     # (-P: do not put the current folder on sys.path, or a run from the checkout would find ./utils and skip this)

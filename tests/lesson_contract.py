@@ -99,6 +99,8 @@ REQUIRED_METRICS = {
     "08_interview_prep": ["bank_questions", "code_proofs_run", "code_proofs_passed"],
     "07_llm_inference": [
         "kv_cache_speedup_at_max_len", "kv_cache_token_parity", "kv_cache_logit_parity", "kv_cache_bytes_per_token",
+        # FlashAttention in the Triton language, in the interpreter (excused in SECTION_METRICS["07.triton-flash-attention"])
+        "triton_flash_attention_parity_max_abs", "triton_flash_attention_bytes_ratio",
         "tiled_attention_parity_max_abs", "attention_naive_over_tiled_peak_memory", "continuous_vs_static_throughput",
         "serving_all_tokens_correct", "static_padding_waste_fraction", "kv_paged_waste_fraction",
         "int8_weight_size_ratio", "int8_logit_max_rel_diff", "decode_fraction_of_memory_bound",
@@ -115,6 +117,12 @@ REQUIRED_METRICS = {
 # Required metrics that an optional section records: excused when that section was skipped here (a machine, or your
 # own environment, without TensorFlow, onnxruntime-extensions or the Triton server). GPU metrics are not required.
 SECTION_METRICS = {
+    "02.compile": ["compile_speedup_resnet50", "compile_startup_first_call_s", "compile_mlp_first_call_s"],
+    "06.cpu-kernel": [
+        "softmax_speedup_vs_torch_geomean", "softmax_speedup_vs_naive_geomean", "softmax_best_fraction_of_copy_bw",
+        "softmax_large_fraction_of_roof", "softmax_speedup_vs_torch_same_exp_geomean", "opcheck_passed",
+        "gradcheck_passed",
+    ],
     "01.keras": [
         "keras_call_vs_predict_speedup", "savedmodel_reload_max_abs_diff", "keras_predict_without_compile",
         "keras_fit_requires_compile", "keras_format_reload_max_abs_diff", "h5_reload_max_abs_diff",
@@ -141,4 +149,5 @@ SECTION_METRICS = {
         "torchserve_stopped_clean",
     ],
     "06.triton-interpreter": ["triton_softmax_parity_max_abs", "tiled_matmul_global_bytes_ratio"],
+    "07.triton-flash-attention": ["triton_flash_attention_parity_max_abs", "triton_flash_attention_bytes_ratio"],
 }

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from utils.core import bench, onnx_io, verdict
+from utils.core import bench, env, onnx_io, verdict
 from utils.core import env as _env
 from utils.core.models import vision_model
 
@@ -42,6 +42,7 @@ __all__ = [
     "validate_images",
     "predict",
     "autograd_saved_bytes",
+    "heap_source",
     "heap_bytes_held_by",
     "Sweep",
     "throughput_sweep",
@@ -228,6 +229,25 @@ def _heap_in_use() -> int:
     return info.uordblks + info.hblkhd
 
 
+def heap_source() -> str:
+    """What heap_bytes_held_by() reads here (lesson 01): glibc's mallinfo2 where the glibc_malloc capability is
+    present, else torch's profiler (every OS)."""
+    if env.has("glibc_malloc"):
+        return "glibc's mallinfo2 (every malloc in the process)"
+    return "torch.profiler's memory events (PyTorch's CPU allocations only): " + env.capabilities()["glibc_malloc"].reason
+
+
+def _profiled_bytes_held(fn: Callable[[], object]) -> tuple[int, object]:
+    from torch.profiler import ProfilerActivity, profile
+
+    env.quiet_profiler_log()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        result = fn()
+    # each op's self memory is what it allocated minus what it freed: their sum is what is still held at the end
+    held = sum(e.self_cpu_memory_usage for e in prof.key_averages())
+    return int(held), result
+
+
 def heap_bytes_held_by(fn: Callable[[], object]) -> tuple[int, object]:
     """Run fn() and return (bytes still allocated afterwards, fn's result) (lesson 01, gradient checkpointing).
 
@@ -235,10 +255,15 @@ def heap_bytes_held_by(fn: Callable[[], object]) -> tuple[int, object]:
     training forward pass that is the output plus every activation the autograd graph keeps for backward, however
     it keeps them (torch.utils.checkpoint holds its segment inputs outside the saved-tensor hooks that
     autograd_saved_bytes counts). PyTorch's CPU tensors come from malloc, so they are all in the count.
+    Where there is no glibc (macOS, Windows, musl, glibc < 2.33) the same difference is read from torch.profiler's
+    memory events, which count PyTorch's CPU allocations on every OS (within a few percent of mallinfo2 on a
+    ResNet-18 forward here); heap_source() says which one this machine uses.
     """
     if not callable(fn):
         raise TypeError(f"heap_bytes_held_by() needs a callable taking no arguments, got {type(fn).__name__}")
     gc.collect()
+    if not env.has("glibc_malloc"):
+        return _profiled_bytes_held(fn)
     before = _heap_in_use()
     result = fn()
     return _heap_in_use() - before, result

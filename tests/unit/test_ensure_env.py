@@ -34,3 +34,14 @@ def test_a_folder_set_by_hand_is_never_pruned(tmp_path):
         time.sleep(0.02)
     _prune(tmp_path, "py311-ccc", WORKBOOK_ENV_DIR=str(tmp_path / "py311-ccc"))
     assert len([p for p in tmp_path.iterdir() if p.is_dir()]) == 3
+
+
+def test_pruning_runs_on_every_call_not_only_after_a_build():
+    """Environments left by earlier lock changes are removed the next time the script runs, even when the current
+    environment already exists (four stale ~9.5 GB environments once filled a 60 GB disk)."""
+    script = (ROOT / "scripts" / "ensure_env.sh").read_text()
+    locked = script[script.index("  flock 9\n"):script.index(') 9>"$envdir.lock"')]
+    build = locked[locked.index('if [ ! -f "$envdir/.complete" ]'):]
+    build = build[: build.index("\n  fi\n") + 6]  # the build branch, up to its own closing fi
+    assert "prune_old" not in build
+    assert "\n  prune_old\n" in locked

@@ -17,6 +17,7 @@ import contextlib
 import os
 from pathlib import Path
 
+from utils.core import env
 from utils.core.models import minilm
 
 __all__ = [
@@ -196,8 +197,9 @@ def ort_session(path, *, threads: int | None = None, level: str = "all", provide
 
     level: "disabled", "basic", "extended", "layout" or "all" (graph optimization level; "all" includes the others).
     threads: intra-op threads (None = ORT's default, one per physical core); inter-op is 1 and execution sequential.
-    providers: e.g. ["CUDAExecutionProvider", "CPUExecutionProvider"]; default CPU only. optimized_path: where ORT
-    writes the graph after its optimizations.
+    providers: e.g. ["CUDAExecutionProvider", "CPUExecutionProvider"]; default CPU only; "auto": those of
+    CUDA and CPU that this onnxruntime lists (ort.get_available_providers()), CUDA only where a GPU is visible too.
+    optimized_path: where ORT writes the graph after its optimizations.
     """
     import onnxruntime as ort
 
@@ -222,14 +224,18 @@ def ort_session(path, *, threads: int | None = None, level: str = "all", provide
     opts.log_severity_level = 3
     if optimized_path is not None:
         opts.optimized_model_filepath = str(optimized_path)
+    available = set(ort.get_available_providers())
     if providers is None:
         providers = ["CPUExecutionProvider"]
-    available = set(ort.get_available_providers())
+    elif providers == "auto":
+        providers = [*(["CUDAExecutionProvider"] if env.has("ort_cuda") else []), "CPUExecutionProvider"]
     names = [p[0] if isinstance(p, tuple) else p for p in providers]
     missing = [n for n in names if n not in available]
     if missing:
+        hint = " (CUDAExecutionProvider comes with onnxruntime-gpu, installed in place of onnxruntime)" \
+            if "CUDAExecutionProvider" in missing else ""
         raise ValueError(f"execution provider(s) {missing} are not available in this onnxruntime; available: "
-                         f"{sorted(available)}")
+                         f"{sorted(available)}{hint}")
     return ort.InferenceSession(model, sess_options=opts, providers=list(providers))
 
 

@@ -7,7 +7,10 @@ Every GPU-only or optional cell in the course is written as::
 
 ``requires`` returns True when the capability is present. Otherwise it prints one line saying what is missing and
 why, records the skip in the notebook's results (so tests can check that only listed sections were skipped) and
-returns False: never a traceback. OPTIONAL_SECTIONS is the one list of such sections; lesson 00 prints it for the
+returns False: never a traceback. Platform dependencies are capabilities too (02.compile needs Inductor's compiler,
+03.keep-freed-memory glibc's allocator, 04.ort-cuda ONNX Runtime's CUDA provider): WORKBOOK_EMULATE
+(utils.core.platforms) makes them skip as they would on macOS, Windows or Linux aarch64. OPTIONAL_SECTIONS is the one
+list of such sections; lesson 00 prints it for the
 learner's machine and `make gpu-check` runs those that need a GPU.
 """
 
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 from utils.core import env, report
 
-__all__ = ["OPTIONAL_SECTIONS", "requires"]
+__all__ = ["OPTIONAL_SECTIONS", "INSIDE", "requires", "predict"]
 
 # Every section of the course that may be skipped: id -> (capability it needs, what it does). requires() takes
 # these ids; lesson 00 prints this table for the learner's machine; tests fail when a notebook skips anything else.
@@ -28,9 +31,13 @@ OPTIONAL_SECTIONS: dict[str, tuple[str, str]] = {
     "01.tf-memory-growth": ("cuda", "TensorFlow GPU memory growth"),
     "01.keras": ("tensorflow", "Keras call vs predict, tf.function and a SavedModel for TF Serving"),
     "02.tf-function": ("tensorflow", "tf.function tracing and retracing, AutoGraph, XLA fusion"),
+    "02.compile": ("inductor", "torch.compile with Inductor: start-up and compile time, parity and speed of the "
+                   "compiled MLP and ResNet-50"),
     "02.cuda-graphs": ("cuda", "CUDA graph capture and replay"),
     "03.lightning": ("lightning", "the training step as a LightningModule run by lightning.Trainer: loss parity, "
                      "per-step cost vs the course's loop"),
+    "03.keep-freed-memory": ("glibc_malloc", "glibc's malloc told to keep freed memory (mallopt, GLIBC_TUNABLES): page "
+                             "faults per step and speed, interleaved"),
     "03.gpu-amp": ("cuda", "fp16 autocast with GradScaler"),
     "03.cudnn-benchmark": ("cuda", "cudnn.benchmark autotuning"),
     "03.gpu-utilization": ("cuda", "GPU utilization during training"),
@@ -39,7 +46,7 @@ OPTIONAL_SECTIONS: dict[str, tuple[str, str]] = {
     "04.ort-custom-op": ("onnxruntime_extensions", "a custom-domain op run inside ONNX Runtime (onnxruntime-extensions)"),
     "04.openvino": ("openvino", "OpenVINO on the same ONNX file: default precision, parity, speed vs ONNX Runtime"),
     "04.tvm": ("tvm", "Apache TVM compiles the same ONNX file: parity, speed vs ONNX Runtime, a schedule"),
-    "04.ort-cuda": ("cuda", "ONNX Runtime CUDA execution provider and IO binding"),
+    "04.ort-cuda": ("ort_cuda", "ONNX Runtime CUDA execution provider and IO binding"),
     "04.tensorrt": ("tensorrt", "TensorRT engine build, fusion inspection, parity and latency"),
     "04.trt-plugin": ("tensorrt", "the soft_clip TensorRT plugin (tensorrt.plugin API) and an engine built with it"),
     "05.model-config": ("tritonclient", "config.pbtxt through Triton's protobuf schema and the model repository"),
@@ -55,8 +62,45 @@ OPTIONAL_SECTIONS: dict[str, tuple[str, str]] = {
     "06.triton-interpreter": ("triton", "the softmax in the Triton language, run by Triton's interpreter on CPU tensors"),
     "06.triton-gpu": ("cuda", "the Triton softmax compiled on the GPU: parity, and GB/s against torch.softmax and the "
                       "device's copy"),
+    "07.triton-flash-attention": ("triton", "FlashAttention's forward in the Triton language, run by Triton's "
+                                  "interpreter on CPU tensors: parity and bytes moved"),
     "07.gpu-sdpa": ("cuda", "SDPA flash vs math backend on the GPU: time and peak memory"),
 }
+
+
+# Sections a lesson only reaches inside another one (`if HAVE_TRITON and sections.requires(...)`): where the outer one
+# is skipped, the inner one is neither run nor recorded as skipped. The doctor's plan and the emulation CI read this.
+INSIDE: dict[str, str] = {
+    "01.tf-memory-growth": "01.keras",
+    "05.triton": "05.model-config",
+    "05.proxy-limit": "05.triton",
+    "05.k8s-manifest": "05.triton",
+    "05.gpu-instances": "05.triton",
+}
+
+
+def predict(caps: dict | None = None) -> dict[str, tuple[str, str]]:
+    """{section: (status, why)} for every optional section on this machine (or for `caps`, env.capabilities()-like):
+    status 'runs', 'skipped' (its capability is missing: what requires() will print) or 'not reached' (inside a
+    section that is skipped). `make doctor` prints it; `make test-platforms` compares it with what the lessons did."""
+    caps = env.capabilities() if caps is None else caps
+    out: dict[str, tuple[str, str]] = {}
+
+    def status(section: str) -> tuple[str, str]:
+        if section in out:
+            return out[section]
+        outer = INSIDE.get(section)
+        cap = caps[OPTIONAL_SECTIONS[section][0]]
+        if outer and status(outer)[0] != "runs":
+            own = "" if cap.available else f"; it also needs {cap.name}: {cap.reason}"
+            out[section] = ("not reached", f"runs inside {outer}, which does not run here{own}")
+        else:
+            out[section] = ("runs", cap.reason) if cap.available else ("skipped", f"needs {cap.name}: {cap.reason}")
+        return out[section]
+
+    for section in OPTIONAL_SECTIONS:
+        status(section)
+    return {section: out[section] for section in OPTIONAL_SECTIONS}
 
 
 def requires(name: str, section: str) -> bool:

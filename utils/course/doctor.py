@@ -2,7 +2,8 @@
 
     python -m utils.course.doctor [--json]
 
-Prints, in order: the machine, the checks the course depends on (each ``ok``, ``warn`` or ``FAIL`` with what to do),
+Prints, in order: the machine (OS, C library, compiler, quantized engine; WORKBOOK_EMULATE=macos-arm64|windows|
+linux-aarch64 predicts for that platform instead), the checks the course depends on (each ``ok``, ``warn`` or ``FAIL`` with what to do),
 every optional section of every lesson with whether it runs here or why it is skipped, and a one-line verdict.
 The exit code is non-zero only when the course cannot run at all (wrong Python, a core package missing or broken,
 no Jupyter kernel, an unwritable build folder); missing optional parts (GPU, TensorRT, Triton, a compiler) are
@@ -20,7 +21,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from utils import kernels
-from utils.core import env, sections
+from utils.core import env, platforms, sections
 from utils.course import sandbox
 
 __all__ = ["Check", "checks", "lesson_plan", "main"]
@@ -108,8 +109,10 @@ def _chromium() -> Check:
     path = next((p for p in ("/usr/bin/chromium", shutil.which("chromium") or "", shutil.which("chromium-browser") or "",
                              shutil.which("google-chrome") or "") if p and os.path.exists(p)), "")
     if not path:
+        fix = ("sudo apt-get install -y --no-install-recommends chromium" if platforms.system() == "Linux"
+               else "install Chromium or Google Chrome")
         return Check("headless browser", "warn", "no chromium: the static-site test will be skipped",
-                     "sudo apt-get install -y --no-install-recommends chromium (only needed by the site test)")
+                     fix + " (only needed by the site test)")
     return Check("headless browser", "ok", path)
 
 
@@ -127,7 +130,7 @@ def _extension_errors() -> Check:
     """Can a C++ extension built here raise an error into Python without killing the process? (lesson 06)"""
     if not env.has("cxx"):
         return Check("C++ extension errors", "warn", "not checked: " + env.capabilities()["cxx"].reason,
-                     "install g++ (lesson 06 and torch.compile need it)")
+                     "lesson 06's C++ kernel and torch.compile need a compiler (the reason says which)")
     try:
         ok, detail = kernels.error_probe()
     except Exception as exc:  # a build that fails is a finding for the learner, reported rather than raised
@@ -138,6 +141,31 @@ def _extension_errors() -> Check:
     return Check("C++ extension errors", "warn", f"a C++ error kills the process instead: {detail}",
                  "lesson 06 runs its raw bad-input calls in a child process; to fix it, build with the compiler "
                  f"torch was built with ({kernels.torch_build_compiler()}: CXX=g++-<major>), then rerun make doctor")
+
+
+def platform_checks() -> list[Check]:
+    """The platform the course runs on, as the lessons will see it (the same capabilities): OS and CPU, C library,
+    C++ compiler with its OpenMP flags, torch's quantized engine. Never 'fail': a missing part skips sections."""
+    caps = env.capabilities()
+    inv_os = f"{platforms.system()} {platforms.machine()}"
+    emulated = platforms.emulated()
+    out = [Check("platform", "ok", inv_os + (f" (emulated: WORKBOOK_EMULATE={emulated}; see utils/core/platforms.py "
+                                              "for what is and is not emulated)" if emulated else ""))]
+    glibc = caps["glibc_malloc"]
+    out.append(Check("C library", "ok" if glibc.available else "warn", f"{env.libc_name()}: {glibc.reason}",
+                     "" if glibc.available else "lesson 01 reads memory through torch's profiler instead; lesson 03's "
+                     "keep-freed-memory section skips"))
+    cxx = caps["cxx"]
+    if cxx.available:
+        flags = " ".join(kernels.openmp_flags()[0]) or "none (at::parallel_for runs serially)"
+        out.append(Check("C++ compiler", "ok", f"{cxx.reason}; OpenMP flags: {flags}"))
+    else:
+        out.append(Check("C++ compiler", "warn", cxx.reason, "lesson 06's C++ kernel and torch.compile sections skip "
+                         "until there is one"))
+    q = caps["quantized_engine"]
+    out.append(Check("quantized engine", "ok" if q.available else "warn", q.reason,
+                     "" if q.available else "dynamic int8 (lessons 01, 04, 08) needs one"))
+    return out
 
 
 def checks(quick: bool = False) -> list[Check]:
@@ -166,6 +194,7 @@ def checks(quick: bool = False) -> list[Check]:
                              "optional; the course environment (make env) has it"))
     if not quick and "torch" not in missing_core:
         out.append(_torch_runs())
+    out.extend(platform_checks())
     out.append(_kernelspec())
     out.append(_build_dir())
     mem = env.inventory().get("memory_gib") or 0
@@ -182,12 +211,13 @@ def checks(quick: bool = False) -> list[Check]:
 
 
 def lesson_plan() -> dict[str, list[tuple[str, bool, str]]]:
-    """Per lesson: (section id, runs here?, what it does or why it is skipped) for every optional section."""
-    caps = env.capabilities()
+    """Per lesson: (section id, runs here?, what it does or why it does not run) for every optional section, from the
+    capabilities the lessons' own guards read (utils.core.sections.predict), on this or the emulated platform."""
     plan: dict[str, list[tuple[str, bool, str]]] = {k: [] for k in LESSONS}
-    for section, (cap, what) in sections.OPTIONAL_SECTIONS.items():
-        ok = caps[cap].available
-        plan.setdefault(section[:2], []).append((section, ok, what if ok else f"{what}: skipped, {caps[cap].reason}"))
+    for section, (status, why) in sections.predict().items():
+        what = sections.OPTIONAL_SECTIONS[section][1]
+        plan.setdefault(section[:2], []).append(
+            (section, status == "runs", what if status == "runs" else f"{what}: {status}, {why.removeprefix('needs ')}"))
     return plan
 
 
@@ -203,13 +233,18 @@ def main(argv=None) -> int:
     plan = lesson_plan()
     fatal = [c for c in results if c.status == "fail"]
     if args.json:
-        print(json.dumps({"checks": [asdict(c) for c in results],
+        print(json.dumps({"platform": {"os": platforms.system(), "machine": platforms.machine(),
+                                       "libc": env.libc_name(), "emulated": platforms.emulated()},
+                          "checks": [asdict(c) for c in results],
                           "sections": {k: [{"section": s, "runs": r, "detail": d} for s, r, d in v]
                                        for k, v in plan.items()},
                           "course_can_run": not fatal}, indent=2))
         return 1 if fatal else 0
     inv = env.inventory()
     print(f"machine: {inv['cpu']}, {inv['cpu_count']} cores, {inv['memory_gib']} GiB, GPU: {inv.get('gpu') or 'none'}")
+    print(f"         {inv['os']} {inv['machine']}, {inv['libc']}; CPU features: "
+          + (", ".join(k for k, v in inv["cpu_features"].items() if v) or "none of the tracked ones")
+          + f"; torch dispatches {inv['torch_cpu_capability'] or 'unknown'} kernels")
     print("\nchecks:")
     for c in results:
         mark = {"ok": "ok  ", "warn": "warn", "fail": "FAIL"}[c.status]

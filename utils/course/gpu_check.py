@@ -41,7 +41,7 @@ __all__ = ["GPU_CAPABILITIES", "GPU_TESTS", "KEY_METRICS", "SANITIZER_RUNS", "gp
            "run_tests", "sanitizer_path", "sanitizer_command", "parse_sanitizer", "run_sanitizer", "run_lessons",
            "summarize", "main"]
 
-GPU_CAPABILITIES = {"cuda", "cuda+nvcc", "nvcc", "tensorrt"}
+GPU_CAPABILITIES = {"cuda", "cuda+nvcc", "nvcc", "tensorrt", "ort_cuda"}
 GPU_TESTS = ["tests/build/test_kernels.py", "tests/build/test_triton_kernels.py", "tests/build/test_triton_attention.py",
              "tests/build/test_cuda_occupancy.py", "tests/unit/test_env.py", "tests/unit/test_bench.py"]
 # compute-sanitizer tool -> the pytest arguments it runs. memcheck: the CUDA softmax's whole parity test (warp and block

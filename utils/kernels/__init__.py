@@ -16,6 +16,7 @@ The same softmax in the Triton language, and a tiled matmul whose loads are coun
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -29,6 +30,7 @@ from pathlib import Path
 from utils.core import env
 
 __all__ = [
+    "openmp_flags",
     "KERNEL_DIR",
     "CAPABILITIES",
     "Extension",
@@ -138,6 +140,56 @@ def _key(texts: dict[str, str], flags: list[str], cuda: bool) -> str:
     return h.hexdigest()[:10]
 
 
+def _compiler_kind() -> str:
+    found = env.cxx_compiler()
+    return found[1] if found else "unknown"
+
+
+def openmp_flags(kind: str | None = None, system: str | None = None) -> tuple[list[str], list[str]]:
+    """(compile flags, link flags) that enable OpenMP in an extension for compiler `kind` ('gcc', 'clang',
+    'apple-clang', 'msvc'; default: this machine's, utils.core.env.cxx_compiler) on `system` (lesson 06).
+
+    g++ and Linux clang++ take -fopenmp (clang needs libomp-dev); Apple clang rejects a bare -fopenmp but takes
+    -Xpreprocessor -fopenmp with the omp.h and libomp.dylib that macOS torch wheels bundle; MSVC takes /openmp.
+    Where OpenMP cannot be enabled the flags are empty and at::parallel_for runs serially (build_info says so).
+    """
+    import torch
+
+    kind = kind or _compiler_kind()
+    system = system or sys.platform
+    if kind == "msvc" or system.startswith("win"):
+        return ["/openmp"], []
+    if kind == "apple-clang" or system == "darwin":
+        torch_dir = Path(torch.__file__).parent
+        if not (torch_dir / "lib" / "libomp.dylib").is_file():  # this wheel brings no libomp: build serial
+            return [], []
+        return (["-Xpreprocessor", "-fopenmp", f"-I{torch_dir / 'include'}"],
+                [f"-L{torch_dir / 'lib'}", "-lomp", f"-Wl,-rpath,{torch_dir / 'lib'}"])
+    if kind == "clang" and not _clang_has_libomp():  # Debian's clang++ without libomp-dev: build serial
+        return [], []
+    return ["-fopenmp"], ["-fopenmp"]
+
+
+def _clang_has_libomp() -> bool:
+    found = env.cxx_compiler()
+    return bool(found) and _links_openmp(found[0])
+
+
+@functools.cache
+def _links_openmp(compiler: str) -> bool:
+    """Whether `compiler -fopenmp` compiles and links a program using omp.h (Debian's clang needs libomp-dev)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            proc = subprocess.run([compiler, "-fopenmp", "-x", "c++", "-", "-o", str(Path(tmp) / "probe")],
+                                  input="#include <omp.h>\nint main() { return omp_get_max_threads() > 0 ? 0 : 1; }\n",
+                                  capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.SubprocessError):
+            return False
+    return proc.returncode == 0
+
+
 def build(
     source: str | Path | None = None,
     *,
@@ -159,9 +211,10 @@ def build(
     import torch
 
     capability = capability or cpu_capability()
-    # at::parallel_for is inline code in the headers: without -fopenmp it compiles to a plain serial loop.
-    openmp = ["-fopenmp"] if torch._C.has_openmp else []
-    cflags = ["-O3", *capability_cflags(capability), *openmp, *(["-DWB_ACCURATE_EXP"] if accurate_exp else [])]
+    # at::parallel_for is inline code in the headers: without OpenMP flags it compiles to a plain serial loop.
+    openmp, openmp_ld = openmp_flags() if torch._C.has_openmp else ([], [])
+    optimize = ["/O2"] if _compiler_kind() == "msvc" else ["-O3"]
+    cflags = [*optimize, *capability_cflags(capability), *openmp, *(["-DWB_ACCURATE_EXP"] if accurate_exp else [])]
     texts = _read_sources(source, cuda)
     key = _key(texts, cflags, cuda)
     namespace = f"{name}_{key}"
@@ -173,7 +226,7 @@ def build(
         raise RuntimeError(f"build(cuda=True) needs nvcc: {env.capabilities()['nvcc'].reason}")
     folder = env.build_dir() / "kernels" / f"{name}-{key}"
     folder.mkdir(parents=True, exist_ok=True)
-    library = folder / f"{namespace}.so"
+    library = folder / f"{namespace}{'.pyd' if sys.platform == 'win32' else '.so'}"  # cpp_extension's suffix
     t0 = time.perf_counter()
     cached = library.is_file()
     if cached:
@@ -196,7 +249,7 @@ def build(
                 name=namespace,
                 sources=paths,
                 extra_cflags=[*cflags, define],
-                extra_ldflags=openmp,
+                extra_ldflags=openmp_ld,
                 extra_cuda_cflags=["-O3", define, "--use_fast_math"] if cuda else None,
                 with_cuda=cuda,
                 is_python_module=False,

@@ -58,7 +58,8 @@ import os, signal, sys
 def _down(*_):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     os.killpg(0, signal.SIGTERM)
-signal.signal(signal.SIGTERM, _down)
+if hasattr(os, "killpg"):  # POSIX; on Windows procgroup.end() ends the process tree instead
+    signal.signal(signal.SIGTERM, _down)
 from ts.model_server import start
 sys.argv[0] = "torchserve"
 start()

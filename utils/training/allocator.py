@@ -11,8 +11,6 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -34,17 +32,18 @@ def page_faults_per_step(trainer: Trainer, steps: int = 3) -> tuple[float, float
     """(minor page faults per step, ms per step) of `steps` steps of `trainer` (lesson 03).
 
     A minor fault is the kernel handing the process a fresh, zeroed 4 KiB page on first touch: memory the allocator
-    had just returned to the operating system and now takes back. Counted with getrusage for this process.
+    had just returned to the operating system and now takes back. Counted by env.page_faults() for this process
+    (getrusage's minor faults; on Windows psutil's count, minor and major together).
     """
 
     if not isinstance(trainer, Trainer):
         raise TypeError(f"page_faults_per_step() takes a Trainer, got {type(trainer).__name__}")
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive int, got {steps!r}")
-    faults0, t0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
+    faults0, t0 = env.page_faults(), time.perf_counter()
     trainer.run(steps)
     ms = (time.perf_counter() - t0) / steps * 1e3
-    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0) / steps, ms
+    return (env.page_faults() - faults0) / steps, ms
 
 
 def keep_freed_memory() -> str:
@@ -56,12 +55,14 @@ def keep_freed_memory() -> str:
     mallopt(M_TRIM_THRESHOLD, INT_MAX) stops trimming, so the heap grows once to the step's peak and stays: what
     jemalloc or tcmalloc (preloaded by Intel's PyTorch launcher) do by design. Process-wide and not undoable; the
     same is available without code as GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=2147483647.
-    Returns what it did; raises RuntimeError where the C library is not glibc.
+    Returns what it did; raises RuntimeError where the C library is not glibc (guard the call with the
+    glibc_malloc capability: section 03.keep-freed-memory).
     """
 
-    if platform.system() != "Linux":
-        raise RuntimeError(f"keep_freed_memory() needs Linux with glibc; this is {platform.system()}: use jemalloc or "
-                           "tcmalloc, or the platform allocator's own settings")
+    cap = env.capabilities()["glibc_malloc"]
+    if not cap.available:
+        raise RuntimeError(f"keep_freed_memory() needs glibc's mallopt: {cap.reason}; use jemalloc or tcmalloc, or "
+                           "the platform allocator's own settings")
     try:
         libc = ctypes.CDLL("libc.so.6")
         mallopt = libc.mallopt
@@ -127,8 +128,9 @@ def allocator_ab(*, n_images: int, image_size: int, batch_size: int, steps: int 
     `warmup` steps, then take turns: each round runs `steps` steps in one, then in the other (the order alternates
     from round to round). Each child counts its own minor page faults. Linux with glibc only.
     """
-    if platform.system() != "Linux":
-        raise RuntimeError(f"allocator_ab() needs Linux with glibc (GLIBC_TUNABLES); this is {platform.system()}")
+    cap = env.capabilities()["glibc_malloc"]
+    if not cap.available:
+        raise RuntimeError(f"allocator_ab() needs glibc (GLIBC_TUNABLES): {cap.reason}")
     for name, v in (("steps", steps), ("rounds", rounds), ("n_images", n_images)):
         if not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be a positive int, got {v!r}")

@@ -106,7 +106,14 @@ def amp_dtype(device):
 def _inductor_cache_in_build() -> None:
     # Compiled kernels go under build/ like every other artefact. Inductor writes its default (/tmp/torchinductor_*)
     # into the environment the first time it looks, so replace that default, but keep a directory the user chose.
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    try:  # a private module: torch 2.4 and later releases may not have it where 2.14 does
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:
+        import getpass
+        import tempfile
+
+        def default_cache_dir() -> str:  # what Inductor uses when the module is not there: /tmp/torchinductor_<user>
+            return os.path.join(tempfile.gettempdir(), "torchinductor_" + getpass.getuser())
 
     current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if current is None or os.path.abspath(current) == os.path.abspath(default_cache_dir()):
