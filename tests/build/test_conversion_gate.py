@@ -28,7 +28,7 @@ BUDGETS = {
     "parity_atol": 1e-4,  # |ort - eager| <= atol + rtol * |eager|, elementwise, on every fixed input
     "parity_rtol": 1e-3,
     "size_over_fp32_params": 1.25,  # file bytes / (4 bytes x parameter count): catches duplicated weights
-    "latency_vs_eager": 1.5,  # ONNX Runtime median latency / eager PyTorch median latency, batch 8
+    "latency_vs_eager": 1.5,  # median over interleaved pairs of ONNX Runtime latency / eager PyTorch latency, batch 8
 }
 BUDGETS.update(json.loads(os.environ.get("WORKBOOK_GATE_BUDGETS", "{}")))
 FIXED_BATCHES = (1, 3, 8)  # the fixed input set: seeded, so every CI run checks the same numbers
@@ -119,16 +119,25 @@ def test_latency_budget(exported, session):
     model, x = exported[0], torch.randn(8, 3, 32, 32, generator=torch.Generator().manual_seed(8))
     x_np = x.numpy()
 
-    def median_s(fn, reps=30):
-        fn()  # warm-up
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times)
+    def once_s(fn):
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
 
-    with torch.inference_mode():
-        eager = median_s(lambda: model(x))
-    ort_s = median_s(lambda: session.run(None, {"images": x_np}))
-    within_budget("latency_vs_eager", ort_s / eager, BUDGETS["latency_vs_eager"], "x")
+    def eager():
+        with torch.inference_mode():
+            return model(x)
+
+    def ort():
+        return session.run(None, {"images": x_np})
+
+    eager(), ort()  # warm-up
+    # interleaved pairs, the order alternating: a machine that slows down for a while slows both sides of a pair, so
+    # the median of the per-pair ratios measures the runtimes, not the moment each was timed
+    ratios = []
+    for i in range(30):
+        first, second = (eager, ort) if i % 2 == 0 else (ort, eager)
+        a, b = once_s(first), once_s(second)
+        eager_s, ort_s = (a, b) if first is eager else (b, a)
+        ratios.append(ort_s / eager_s)
+    within_budget("latency_vs_eager", statistics.median(ratios), BUDGETS["latency_vs_eager"], "x")
