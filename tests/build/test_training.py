@@ -13,6 +13,7 @@ import torch
 from utils import training
 from utils.core import bench
 from utils.core.data import image_data
+from utils.training import ablation
 
 SMALL = dict(batch_size=2, model="resnet18", lr=0.001)
 
@@ -121,13 +122,88 @@ def test_ceiling_is_the_targeted_phases():
         training.ceiling(fix, {}, 0.0)
 
 
-def test_over_ceiling_flags_a_saving_above_the_ceiling_and_reads_the_interval_low_end():
-    # 140 ms step, ceiling 4.2 ms: 1.07x saves ~9.2 ms (flagged); 1.02x would save ~2.7 ms (within the ceiling)
+def test_over_ceiling_flags_a_speedup_above_the_ceiling_and_reads_the_interval_low_end():
+    # 140 ms step, ceiling 1.03x (~4.1 ms): 1.07x is above it (flagged); its low end 1.02x is within it
     ratio = bench.Ratio(1.07, 1.02, 1.08, rounds=3)
-    assert training.over_ceiling(3.0, 4.2, ratio, 140.0) == ""
-    flag = training.over_ceiling(7.3, 4.2, ratio, 140.0)
-    assert "MORE THAN THE CEILING" in flag and "only the interval's low end (1.02x" in flag
-    assert "even the interval's low end" in training.over_ceiling(20.0, 4.2, bench.Ratio(1.2, 1.15, 1.3), 140.0)
+    assert training.over_ceiling(ratio, 1.08, 140.0) == ""
+    flag = training.over_ceiling(ratio, 1.03, 140.0)
+    assert "MORE THAN THE CEILING" in flag and "only the interval's low end (1.02x, 2.7 ms saved)" in flag
+    assert "even the interval's low end" in training.over_ceiling(bench.Ratio(1.2, 1.15, 1.3), 1.03, 140.0)
+    assert training.over_ceiling(bench.Ratio(9.0, 8.0, 10.0), float("inf"), 140.0) == ""  # a fix that may take all
+
+
+def test_saved_and_after_come_from_the_ratio():
+    assert ablation.saved_ms(1.25, 100.0) == pytest.approx(20.0)
+    trial = ablation.FixTrial(training.fixes()[0], None, bench.Ratio(1.25, 1.2, 1.3, rounds=3), 100.0, 300.0, 1.0,
+                              None)
+    # the medians disagree (300 ms is a disturbed candidate median); the printed after/saved follow the ratio
+    assert trial.after_ms == pytest.approx(80.0) and trial.saved_ms == pytest.approx(20.0)
+
+
+def test_disturbed_reads_drift_waste_and_ceiling():
+    clean = bench.Ratio(1.10, 1.05, 1.15, rounds=3)
+    assert ablation.disturbed(clean, waste=True, cap_x=1.3, current_ms=110.0, reference_ms=[100.0]) == []
+    drift = ablation.disturbed(clean, current_ms=140.0, reference_ms=[100.0])
+    assert len(drift) == 1 and "+40%" in drift[0]
+    # a level the previous attempt agrees on is the machine's new level, not a disturbance
+    assert ablation.disturbed(clean, current_ms=140.0, reference_ms=[100.0, 130.0]) == []
+    slower = bench.Ratio(0.42, 0.09, 0.54, rounds=3)
+    assert "slower in every round" in ablation.disturbed(slower, waste=True)[0]
+    assert ablation.disturbed(slower, waste=False) == []  # a trade-off may be slower
+    assert "above the ceiling's 1.27x" in ablation.disturbed(bench.Ratio(1.5, 1.34, 29.7, rounds=3), cap_x=1.27)[0]
+    one_round = bench.Ratio(0.5, 0.5, 0.5, rounds=1)  # one round has no interval to read
+    assert ablation.disturbed(one_round, waste=True, cap_x=0.4) == []
+    with pytest.raises(TypeError, match="bench.Ratio"):
+        ablation.disturbed(1.2)
+    with pytest.raises(ValueError, match="positive"):
+        ablation.disturbed(clean, current_ms=0.0, reference_ms=[100.0])
+
+
+def test_product_line_can_fail_and_says_when_it_is_no_check():
+    narrow = {"a": bench.Ratio(1.10, 1.08, 1.12, rounds=3), "b": bench.Ratio(1.20, 1.15, 1.25, rounds=3)}
+    agree = ablation.product_line(narrow, bench.Ratio(1.30, 1.25, 1.40, rounds=5))
+    assert "differ by 1.02x" in agree and "consistent within noise" in agree
+    disagree = ablation.product_line(narrow, bench.Ratio(2.0, 1.9, 2.1, rounds=5))
+    assert "differ by 1.52x" in disagree and "more than their intervals allow" in disagree
+    wide = {"a": bench.Ratio(1.4, 0.85, 9.2, rounds=3)}
+    assert "not a check" in ablation.product_line(wide, bench.Ratio(1.39, 1.33, 1.74, rounds=5))
+    noisy = {"a": bench.Ratio(1.1, 1.08, 1.12, rounds=3, noisy="a: IQR 40% of the median", spread=0.4)}
+    assert "were noisy" in ablation.product_line(noisy, bench.Ratio(1.1, 1.05, 1.15, rounds=5))
+    with pytest.raises(TypeError, match="bench.Ratio"):
+        ablation.product_line({"a": 1.1}, bench.Ratio(1.1, 1.0, 1.2))
+
+
+class _Closable:
+    closed = False
+
+    def close(self):
+        self.closed = True
+
+
+def test_try_fix_gated_reruns_a_disturbed_trial_and_marks_one_that_stays_disturbed(monkeypatch):
+    fix = training.Fix("no copies", ("copy",), True, ({"needless_copies": False},))
+    timeline = []
+
+    def fake_try_fix(current, fix, dataset, **kw):  # the rounds a busy then quiet machine would give
+        current_ms, ratio = timeline.pop(0)
+        return ablation.FixTrial(fix, _Closable(), ratio, current_ms, current_ms / ratio.value, 1.0, None)
+
+    monkeypatch.setattr(ablation, "try_fix", fake_try_fix)
+    # 1st attempt: a waste removal slower in every round; 2nd: clean
+    timeline[:] = [(300.0, bench.Ratio(0.4, 0.1, 0.5, rounds=3)), (105.0, bench.Ratio(1.1, 1.05, 1.2, rounds=3))]
+    trial = ablation.try_fix_gated(None, fix, None, last_ms=100.0, cap_x=1.3)
+    assert not trial.disturbed and len(trial.rejected) == 1 and "slower in every round" in trial.rejected[0]
+    # every attempt disturbed: the last one comes back marked, the earlier candidates closed
+    timeline[:] = [(400.0, bench.Ratio(1.1, 1.05, 1.2, rounds=3))] * 3
+    trial = ablation.try_fix_gated(None, fix, None, last_ms=100.0, attempts=3)
+    # attempts 2 and 3 agree with the attempt before them, so only the ceiling or a slower waste removal could flag
+    # them: here the first attempt's drift is the only reason, and the second is clean
+    assert not trial.disturbed and len(trial.rejected) == 1
+    timeline[:] = [(400.0, bench.Ratio(1.5, 1.4, 1.6, rounds=3))] * 3
+    trial = ablation.try_fix_gated(None, fix, None, last_ms=100.0, cap_x=1.2, attempts=3)
+    assert "above the ceiling" in trial.disturbed and len(trial.rejected) == 2 and not trial.trainer.closed
+    with pytest.raises(ValueError, match="attempts"):
+        ablation.try_fix_gated(None, fix, None, last_ms=100.0, attempts=0)
 
 
 def test_flush_log_writes_the_metrics_kept_on_the_device(dataset, tmp_path):
