@@ -22,6 +22,10 @@ def test_units_follow_the_flags():
     assert "AMX" in precision.hardware_units(AMX_XEON).name
     assert "tensor cores" in precision.hardware_units(set(), gpu_capability=(9, 0)).name
     assert "no tensor cores" in precision.hardware_units(set(), gpu_capability=(6, 1)).name
+    # ARM (Graviton 3 with bf16, a NEON-only core) and a CPU whose features could not be read
+    assert "ARM BF16" in precision.hardware_units({"asimd", "sve", "bf16", "i8mm"}).name
+    assert "NEON without bf16" in precision.hardware_units({"asimd", "asimddp"}).name
+    assert "unknown" in precision.hardware_units(set()).name
 
 
 @pytest.mark.parametrize("flags, ratio, share, casts, outcomes", [
