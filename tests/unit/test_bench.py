@@ -103,5 +103,10 @@ def test_rounds_that_disagree_make_a_ratio_noisy():
     cmp = bench.Comparison(results, {"a": [10.0, 10.0, 40.0], "b": [5.0, 5.0, 10.0]}, "a")
     r = cmp.ratio("b")
     assert r.value == pytest.approx(2.0) and "the rounds disagree" in r.noisy and r.spread == pytest.approx(1.0)
+    # 3% apart, but on opposite sides of 1: the medians say b is slower, the per-round ratios that it is faster
+    medians = {"a": bench.BenchResult(label="a", median_ms=10.0, iqr_ms=0.0, runs=3),
+               "b": bench.BenchResult(label="b", median_ms=10.4, iqr_ms=0.0, runs=3)}
+    split = bench.Comparison(medians, {"a": [10.0, 10.3, 9.0], "b": [9.7, 10.0, 10.4]}, "a").ratio("b")
+    assert split.value > 1 and "the rounds disagree" in split.noisy
     steady = bench.Comparison(results, {"a": [10.0, 10.0, 10.0], "b": [10.0, 10.0, 10.0]}, "a").ratio("b")
     assert steady.noisy == "" and steady.spread == 0.0

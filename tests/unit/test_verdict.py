@@ -35,7 +35,7 @@ def test_speed_line_says_the_caveat_and_the_noise():
 
 def test_speed_line_names_a_consistent_effect_smaller_than_the_line():
     line = verdict.speed_line("amp", r(0.92, 0.91, 0.93), "fp32", threshold=1.10)
-    assert "-> within noise" in line and "every round slower than fp32, by less than the line" in line
+    assert "-> within noise" in line and "every round slower than fp32, but not every round by more than the line" in line
     assert "every round" not in verdict.speed_line("amp", r(1.0, 0.97, 1.03), "fp32")
 
 

@@ -33,7 +33,8 @@ MAX_IQR_FRACTION = 0.25
 MIN_BLOCKS = 3
 # The two estimates of one speedup, the median of the per-round ratios and the ratio of the two sides' median times,
 # agree on a steady machine; when they differ by more than this fraction the rounds disagree (a neighbour disturbed
-# some of them) and the ratio counts as noisy, judged on its interval widened by the disagreement.
+# some of them) and the ratio counts as noisy, judged on its interval widened by the disagreement. So does a ratio
+# whose two estimates point to opposite sides of 1.
 MAX_DISAGREEMENT = 0.2
 
 
@@ -208,7 +209,9 @@ class Comparison(dict):
         per_round = Ratio.from_times(self.round_ms[over], self.round_ms[name])
         of_medians = self[over].median_ms / self[name].median_ms
         disagreement = max(of_medians / per_round.value, per_round.value / of_medians) - 1
-        if per_round.rounds >= 2 and disagreement > MAX_DISAGREEMENT:
+        # the two estimates differ by too much, or point to opposite sides of 1 (one says faster, the other slower)
+        opposite = (of_medians - 1) * (per_round.value - 1) < 0
+        if per_round.rounds >= 2 and (disagreement > MAX_DISAGREEMENT or opposite):
             notes.append(f"the rounds disagree: the median times give {of_medians:.2f}x, the per-round ratios "
                          f"{per_round.value:.2f}x")
             spread = max(spread, disagreement)

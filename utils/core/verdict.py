@@ -73,7 +73,7 @@ def speed_line(name: str, ratio: Ratio, baseline: str, threshold: float = DEFAUL
     judged = _interval(ratio)
     if word == NOISE and judged and (judged[0] > 1 or judged[1] < 1):  # consistent, but smaller than the line
         side = "faster" if judged[0] > 1 else "slower"
-        line += f"; every round {side} than {baseline}, by less than the line"
+        line += f"; every round {side} than {baseline}, but not every round by more than the line"
     if ratio.caveat:
         line += f"; not like for like: {ratio.caveat}"
     return line
