@@ -11,7 +11,7 @@ import sys
 import threading
 from collections.abc import Callable
 
-__all__ = ["LabCheckFailed", "call", "expect", "expect_speed", "passed", "no_reference", "speed_targets_enforced"]
+__all__ = ["LabCheckFailed", "call", "expect", "expect_speed", "expect_target", "passed", "no_reference", "speed_targets_enforced"]
 
 # Speed targets are enforced for a learner and for `make grade`. The test suite runs the solutions with
 # WORKBOOK_SPEED_TARGETS=record: timing thresholds are benchmarks, not tests (DESIGN.md), so there a missed target is
@@ -54,6 +54,13 @@ def expect_speed(condition: bool, message: str) -> None:
         raise LabCheckFailed(message)
     print(f"SPEED TARGET NOT ENFORCED ({SPEED_TARGETS_VAR}=record, as the test suite runs; a learner's check fails "
           f"here):\n{message}")
+
+
+def expect_target(met: bool, could_meet: bool, undecided: str, missed: str) -> None:
+    """A speed target judged over rounds: nothing when `met`; otherwise expect_speed() fails with `undecided` while the
+    interval still reaches the target (`could_meet`: the rounds disagree, run again), with `missed` when it does not."""
+    if not met:
+        expect_speed(False, undecided if could_meet else missed)
 
 
 def passed(check: str, detail: str = "") -> None:
