@@ -86,7 +86,7 @@ doctor:  ## check this machine in under a minute: what will and will not run
 warmup:  ## pre-build what is slow the first time (extensions, exports, caches) before a workshop
 	@$(ENV) && $$PY -m utils.course.warmup
 
-grade:  ## grade submitted labs into a CSV: make grade SUBMISSIONS=folder [GRADE_ARGS="--timeout 300"]
+grade:  ## grade submitted labs into a CSV and a leaderboard page: make grade SUBMISSIONS=folder [GRADE_ARGS="--timeout 300"]
 	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=path/to/folder" >&2; exit 2; }
 	@$(ENV) && $$PY -m utils.course.grade "$(SUBMISSIONS)" $(GRADE_ARGS)
 

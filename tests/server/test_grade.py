@@ -105,6 +105,46 @@ def test_a_correct_an_incomplete_and_a_crashing_submission(root, tmp_path):
     assert "CHECK' cells" in got[("erin", "check 1")]["detail"]
     assert got[("frank", "(submission)")]["status"] == "error" and "which lab" in got[("frank", "(submission)")]["detail"]
     assert not (tmp_path / ".grade-scratch").exists(), "scratch folders are removed after grading"
+    board = _read(tmp_path / "leaderboard.csv")
+    assert [(r["learner"], r["checks_passed"]) for r in board if r["lab"] == LAB][0] == ("alice", "2")
+
+
+def _row(learner, lab, status, **figures):
+    return {"learner": learner, "lab": lab, "check": "c", "status": status, "detail": "", "seconds": 1.0,
+            "figures": dict(figures)}
+
+
+def test_leaderboard_ranks_by_checks_then_by_the_first_figure_in_its_direction(tmp_path):
+    rows = [
+        _row("ann", "03_lab", "passed", speedup=(1.4, "x", "higher")), _row("ann", "03_lab", "passed"),
+        _row("ben", "03_lab", "passed", speedup=(2.1, "x", "higher")), _row("ben", "03_lab", "passed"),
+        _row("cid", "03_lab", "passed", speedup=(9.9, "x", "higher")), _row("cid", "03_lab", "failed"),
+        _row("dee", "05_lab", "passed", p95=(30.0, "ms", "lower")), _row("eve", "05_lab", "passed", p95=(12.0, "ms", "lower")),
+        _row("fay", "05_lab", "error"),
+    ]
+    csv_path, html_path = grade.leaderboard(rows, tmp_path)
+    board = _read(csv_path)
+    order = [(r["lab"], r["rank"], r["learner"]) for r in board]
+    # cid's figure is the highest, but one of cid's checks failed: checks passed come first
+    assert order == [("03_lab", "1", "ben"), ("03_lab", "2", "ann"), ("03_lab", "3", "cid"),
+                     ("05_lab", "1", "eve"), ("05_lab", "2", "dee"), ("05_lab", "3", "fay")]
+    assert board[0]["speedup"] == "2.1" and board[3]["p95"] == "12" and board[5]["p95"] == ""
+    page = html_path.read_text()
+    assert "<caption>03_lab</caption>" in page and "speedup (x, higher is better)" in page and "2/2" in page
+
+
+def test_figure_lines_are_what_the_grader_parses(capsys):
+    from utils.checks import figure
+
+    figure("fraction_of_copy_roof", 0.8125, "x")
+    figure("p95", 12.5, "ms", better="lower")
+    text = capsys.readouterr().out
+    assert [m.groups() for m in grade._FIGURE.finditer(text)] == [
+        ("fraction_of_copy_roof", "0.8125", "x", "higher"), ("p95", "12.5", "ms", "lower")]
+    with pytest.raises(ValueError, match="finite"):
+        figure("x", float("nan"), "x")
+    with pytest.raises(ValueError, match="one word"):
+        figure("two words", 1.0, "x")
 
 
 def test_a_submission_that_runs_too_long_times_out(root, tmp_path):

@@ -11,7 +11,8 @@ import sys
 import threading
 from collections.abc import Callable
 
-__all__ = ["LabCheckFailed", "call", "expect", "expect_speed", "expect_target", "passed", "no_reference", "speed_targets_enforced"]
+__all__ = ["LabCheckFailed", "call", "expect", "expect_speed", "expect_target", "passed", "figure", "no_reference",
+           "speed_targets_enforced"]
 
 # Speed targets are enforced for a learner and for `make grade`. The test suite runs the solutions with
 # WORKBOOK_SPEED_TARGETS=record: timing thresholds are benchmarks, not tests (DESIGN.md), so there a missed target is
@@ -66,6 +67,19 @@ def expect_target(met: bool, could_meet: bool, undecided: str, missed: str) -> N
 def passed(check: str, detail: str = "") -> None:
     """Print the one line a passing check shows."""
     print(f"PASSED {check}" + (f": {detail}" if detail else ""))
+
+
+def figure(name: str, value: float, unit: str, *, better: str = "higher") -> None:
+    """Print the check's performance figure on one line the grader reads for the workshop leaderboard
+    (utils.course.grade): ``FIGURE <name>: <value> <unit> (higher is better)``. Print it after the check passed."""
+    if better not in ("higher", "lower"):
+        raise ValueError(f"better must be 'higher' or 'lower', got {better!r}")
+    if not (isinstance(name, str) and name and " " not in name and ":" not in name):
+        raise ValueError(f"a figure's name is one word without ':', got {name!r}")
+    value = float(value)
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"a figure must be a finite number, got {value!r} for {name}")
+    print(f"FIGURE {name}: {value:.6g} {unit or '-'} ({better} is better)")
 
 
 @contextlib.contextmanager

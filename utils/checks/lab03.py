@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from utils import training
-from utils.checks import LabCheckFailed, call, expect, expect_target, no_reference, passed
+from utils.checks import LabCheckFailed, call, expect, expect_target, figure, no_reference, passed
 from utils.core import bench, verdict
 from utils.training import profiling
 
@@ -223,6 +223,8 @@ def check_fast_loop(fast_train, slow_train, dataset, *, batch_size: int, steps: 
     passed("fast loop" if met else "fast loop's training (speed target recorded above, not enforced)",
            f"{line}; losses match to {rel:.1e}, weight updates to {wrel:.1e}")
     efficiency = over_bound.value
+    figure("fraction_of_compute_bound", efficiency, "x")
+    figure("speedup_over_slow_loop", speedup.value, "x")
     print(f"compute bound (the same model's fp32 forward, backward and fused SGD step on batches already in memory): "
           f"{median['bound']:.1f} ms per step. Your loop runs at {efficiency:.0%} of it ({over_bound}), the slow loop "
           f"at {median['bound'] / median['slow']:.0%}" + (": the rest of your step is spent outside the model's math; "

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from utils.checks import LabCheckFailed, call, expect, passed
+from utils.checks import LabCheckFailed, call, expect, figure, passed
 from utils.conversion import onnx_tools
 from utils.core import bench, onnx_io
 
@@ -193,6 +193,7 @@ def check_latency_budget(session_fn, model, image_size: int, budget: float, path
     expect(speedup >= budget, f"your session is {speedup:.2f}x eager at batch 8; the budget is {budget:.2f}x. Try the "
                               "optimized or int8 model, level 'all', and as many intra-op threads as PyTorch uses")
     passed("latency budget", f"{speedup:.2f}x eager at batch 8 (budget {budget:.2f}x), top-1 agreement {agree:.0%}")
+    figure("speedup_over_eager_bs8", speedup, "x")
     return float(np.round(speedup, 3))
 
 

@@ -7,7 +7,7 @@ import statistics
 import time
 from pathlib import Path
 
-from utils.checks import LabCheckFailed, call, expect, expect_target, no_reference, passed
+from utils.checks import LabCheckFailed, call, expect, expect_target, figure, no_reference, passed
 from utils.core import bench, env, models, onnx_io, tritonserver, verdict
 from utils.core.data import labeled_sentences
 from utils.serving import loadgen, repository
@@ -216,5 +216,6 @@ def check_tuned(tuning_fn, pbtxt_fn, *, smoke: bool = True) -> dict:
                   "load generator?")
     passed("tuned encoder" if met else "tuned encoder's correctness (speed target recorded above, not enforced)",
            f"{summary}\n{lines}")
+    figure("throughput_gain", gain.value, "x")
     return {"gain": gain, "p95_gain": p95, "baseline": results["baseline"], "tuned": results["tuned"],
             "mean_batch": mean_batch}

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from utils import kernels
-from utils.checks import LabCheckFailed, call, expect, passed
+from utils.checks import LabCheckFailed, call, expect, figure, passed
 from utils.kernels import ops, sweep
 
 PLACEHOLDER = "/*@INNER_LOOP@*/"
@@ -296,4 +296,5 @@ def check_speed(inner_loop_source, rows: int = 2048, n: int = 1024, min_run_time
     expect(math.isfinite(ratio) and ratio > 0, f"could not time your kernel (got {gbps['your kernel']!r} GB/s)")
     passed("speed", f"your kernel runs at {ratio:.2f}x torch.softmax on {rows} x {n} fp32 "
            f"({gbps['your kernel'] / gbps['copy']:.0%} of the copy roof, measured side by side)")
+    figure("fraction_of_copy_roof", gbps["your kernel"] / gbps["copy"], "x")
     return gbps

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from utils import llm
-from utils.checks import LabCheckFailed, call, expect, passed
+from utils.checks import LabCheckFailed, call, expect, figure, passed
 
 MIN_KV_SPEEDUP = 1.2  # per-token, at the longest position; the lesson measures several times more
 MIN_BATCHING_GAIN = 1.2  # continuous over static throughput; the lesson measures about 2x
@@ -77,6 +77,7 @@ def check_kv_cache(generate_with_cache, model, tok, max_len: int = 256, rounds: 
            "each decode step should run only the newest token through the model, not the whole sequence")
     passed("KV cache", f"identical greedy tokens on {len(_prompts(tok))} prompt sets, trained and untrained weights; {speedup:.1f}x faster per token "
            f"than the uncached loop at position ~{max_len}, measured side by side")
+    figure("kv_cache_speedup", speedup, "x")
     return speedup
 
 
@@ -117,4 +118,5 @@ def check_scheduler(schedule_continuous, model, tok, n_requests: int = 64, max_b
            "done, so no step computes a finished request.")
     passed("continuous batching", f"{len(trace)} requests served with the right tokens; {gain:.2f}x the throughput of "
            "static batching on the same engine and trace")
+    figure("throughput_over_static", gain, "x")
     return gain

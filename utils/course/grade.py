@@ -11,6 +11,11 @@ learner and check: ``learner, lab, check, status, detail, seconds`` with status 
 raised LabCheckFailed), ``error`` (anything else: a crash, a missing function, a dead kernel), ``timeout`` or
 ``not_run``.
 
+Beside it, ``leaderboard.csv`` and ``leaderboard.html`` (a page an instructor can project): one row per learner and lab
+with the checks passed and each performance figure the lab's checks printed (``utils.checks.figure``: a fraction of a
+roof, a speedup, all measured on the grading machine in the same run as the baseline), sorted by checks passed, then
+by the lab's first figure.
+
 Isolation: every submission runs in the sandbox of utils.course.sandbox (its docstring says what is and is not
 enforced); without one, grading refuses unless ``--unsafe-no-sandbox`` is given.
 """
@@ -38,6 +43,7 @@ __all__ = [
     "reference_checks",
     "grade_one",
     "grade",
+    "leaderboard",
     "main",
 ]
 
@@ -46,6 +52,7 @@ STATUSES = ("passed", "failed", "error", "timeout", "not_run")
 CHECK = "# CHECK"
 _CHECK_CALL = re.compile(r"\b(lab\w*)\.(check_\w+)\s*\(")
 _DETAIL_MAX = 300
+_FIGURE = re.compile(r"^FIGURE (\S+): (\S+) (\S+) \((higher|lower) is better\)$", re.MULTILINE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,7 +240,7 @@ def _classify(nb, positions: list[int], checks, sub: Submission, end_state: str)
         cell = nb.cells[index]
         errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
         text = "".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream")
-        row = {"learner": sub.learner, "lab": sub.lab, "check": name, "seconds": _cell_seconds(cell)}
+        row = {"learner": sub.learner, "lab": sub.lab, "check": name, "seconds": _cell_seconds(cell), "figures": {}}
         if errors:
             err = errors[0]
             if err.get("ename") == "LabCheckFailed":
@@ -248,7 +255,8 @@ def _classify(nb, positions: list[int], checks, sub: Submission, end_state: str)
             else:
                 row.update(status="not_run", detail="the check cell did not run")
         elif "PASSED" in text:
-            row.update(status="passed", detail=_short(next(ln for ln in text.splitlines() if "PASSED" in ln)))
+            row.update(status="passed", detail=_short(next(ln for ln in text.splitlines() if "PASSED" in ln)),
+                       figures={m[1]: (float(m[2]), m[3], m[4]) for m in _FIGURE.finditer(text)})
         else:
             row.update(status="error", detail=_short("the check ran but printed no PASSED line: " + text))
         rows.append(row)
@@ -329,14 +337,81 @@ def grade(folder: Path, out: Path | None = None, *, timeout: int = 300, smoke: b
     if not keep_scratch:
         shutil.rmtree(scratch_root, ignore_errors=True)
     with out.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=COLUMNS)
+        writer = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
+    board = leaderboard(rows, out.parent)
+    print(f"leaderboard: {board[0]} and {board[1]}")
     learners = sorted({r["learner"] for r in rows})
     for learner in learners:
         mine = [r for r in rows if r["learner"] == learner]
         print(f"  {learner:20s} {sum(r['status'] == 'passed' for r in mine)}/{len(mine)} checks passed")
     return out
+
+
+def leaderboard(rows: list[dict], folder: Path) -> tuple[Path, Path]:
+    """Write leaderboard.csv and leaderboard.html into `folder` from grade()'s rows: per lab, one row per learner with
+    the checks passed and every figure their passing checks printed, sorted by checks passed, then by the lab's first
+    figure (in its better direction). Returns the two paths."""
+    import html
+
+    table: dict[tuple[str, str], dict] = {}
+    names: dict[str, dict[str, tuple[str, str]]] = {}  # lab -> figure -> (unit, better), in first-seen order
+    for r in rows:
+        entry = table.setdefault((r["lab"], r["learner"]), {"passed": 0, "checks": 0, "figures": {}})
+        entry["checks"] += 1
+        entry["passed"] += r["status"] == "passed"
+        for name, (value, unit, better) in r.get("figures", {}).items():
+            entry["figures"][name] = value
+            names.setdefault(r["lab"], {}).setdefault(name, (unit, better))
+
+    def rank(item):
+        (lab, learner), entry = item
+        first = next(iter(names.get(lab, {})), None)
+        value = entry["figures"].get(first) if first else None
+        sign = -1 if first and names[lab][first][1] == "higher" else 1
+        return (lab, -entry["passed"], value is None, sign * value if value is not None else 0.0, learner)
+
+    ordered = sorted(table.items(), key=rank)
+    folder = Path(folder)
+    csv_path, html_path = folder / "leaderboard.csv", folder / "leaderboard.html"
+    all_figures = list(dict.fromkeys(f for lab in names.values() for f in lab))
+    with csv_path.open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["lab", "rank", "learner", "checks_passed", "checks", *all_figures])
+        for lab_rank, ((lab, learner), entry) in _ranked(ordered):
+            writer.writerow([lab, lab_rank, learner, entry["passed"], entry["checks"],
+                             *(f"{entry['figures'][f]:.4g}" if f in entry["figures"] else "" for f in all_figures)])
+    parts = ["<!doctype html><meta charset='utf-8'><title>Lab leaderboard</title>",
+             "<style>body{font:18px system-ui,sans-serif;margin:2em}table{border-collapse:collapse;margin-bottom:2em}"
+             "td,th{border:1px solid #bbb;padding:.3em .8em;text-align:right}td:nth-child(2),th:nth-child(2)"
+             "{text-align:left}caption{font-weight:bold;text-align:left;padding:.4em 0}</style>",
+             "<h1>Lab leaderboard</h1><p>Figures were measured on the grading machine, each against its baseline or "
+             "roof in the same run; a blank is a check that did not pass.</p>"]
+    for lab in dict.fromkeys(lab for (lab, _), _ in ordered):
+        figs = names.get(lab, {})
+        head = "".join(f"<th>{html.escape(f)} ({html.escape(u)}, {b} is better)</th>" for f, (u, b) in figs.items())
+        parts.append(f"<table><caption>{html.escape(lab or '(unrecognised)')}</caption><tr><th>#</th><th>learner</th>"
+                     f"<th>checks passed</th>{head}</tr>")
+        for lab_rank, ((row_lab, learner), entry) in _ranked(ordered):
+            if row_lab != lab:
+                continue
+            cells = "".join(f"<td>{entry['figures'][f]:.3g}</td>" if f in entry["figures"] else "<td></td>"
+                            for f in figs)
+            parts.append(f"<tr><td>{lab_rank}</td><td>{html.escape(learner)}</td>"
+                         f"<td>{entry['passed']}/{entry['checks']}</td>{cells}</tr>")
+        parts.append("</table>")
+    html_path.write_text("\n".join(parts) + "\n")
+    return csv_path, html_path
+
+
+def _ranked(ordered):
+    """(rank within its lab, item) for leaderboard rows already sorted by lab."""
+    lab, n = None, 0
+    for item in ordered:
+        n = n + 1 if item[0][0] == lab else 1
+        lab = item[0][0]
+        yield n, item
 
 
 def main(argv=None) -> int:
