@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from utils.checks import LabCheckFailed, call, expect, figure, passed
+from utils.checks import LabCheckFailed, call, expect, expect_target, figure, passed
 from utils.conversion import onnx_tools
-from utils.core import bench, onnx_io
+from utils.core import bench, onnx_io, verdict
 
 ATOL, RTOL = 1e-4, 1e-3
 
@@ -188,13 +188,20 @@ def check_latency_budget(session_fn, model, image_size: int, budget: float, path
             return model(x)
 
     res = bench.compare({"eager": eager, "your session": lambda: session.run(None, feeds)}, min_run_time=min_run_time,
-                        items=8)
-    speedup = res["eager"].median_ms / res["your session"].median_ms
-    expect(speedup >= budget, f"your session is {speedup:.2f}x eager at batch 8; the budget is {budget:.2f}x. Try the "
-                              "optimized or int8 model, level 'all', and as many intra-op threads as PyTorch uses")
-    passed("latency budget", f"{speedup:.2f}x eager at batch 8 (budget {budget:.2f}x), top-1 agreement {agree:.0%}")
-    figure("speedup_over_eager_bs8", speedup, "x")
-    return float(np.round(speedup, 3))
+                        items=8, quiet=True)
+    ratio = res.ratio("your session")
+    line = verdict.speed_line("your session", ratio, "eager at batch 8", budget)
+    met = verdict.speed(ratio, budget) == verdict.FASTER
+    look = ("Which of the files you built does the least work per image, and how many threads does ONNX Runtime use "
+            "next to PyTorch's?")
+    expect_target(met, ratio.judged is not None and ratio.judged[1] >= budget,
+                  f"undecided: {line}. The rounds disagree, as they do when other programs keep this machine's cores "
+                  f"busy: run the check again. The budget wants every round above {budget:.2f}x. {look}",
+                  f"over budget: {line}; the budget wants every round above {budget:.2f}x. {look}")
+    passed("latency budget" if met else "latency budget's parity (speed target recorded above, not enforced)",
+           f"{line}, top-1 agreement {agree:.0%}")
+    figure("speedup_over_eager_bs8", ratio.value, "x")
+    return float(np.round(ratio.value, 3))
 
 
 def graph_pass_model(seed: int = 0):
