@@ -1,0 +1,103 @@
+"""utils.llm_tuning (lesson 07, part 4): chunked prefill under a token budget, inter-token gaps, an int8 KV cache."""
+
+import pytest
+import torch
+
+from utils import llm
+from utils import llm_tuning as tun
+
+
+def _model(seed=0, vocab=23):
+    """A small TinyGPT whose greedy choices depend on the context (weights large enough to keep far from ties)."""
+    torch.manual_seed(seed)
+    model = llm.TinyGPT(llm.GPTConfig(vocab_size=vocab, d_model=32, n_heads=4, n_layers=2, d_ff=64, max_len=128))
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.3)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return _model()
+
+
+def _trace(n=12, seed=2, vocab=23, long_every=3, long_len=70):
+    g = torch.Generator().manual_seed(seed)
+    trace = [llm.Request(i, 0.0, torch.randint(0, vocab, (int(torch.randint(3, 12, (1,), generator=g)),),
+                                                generator=g), int(torch.randint(1, 20, (1,), generator=g)))
+             for i in range(n)]
+    text = torch.randint(0, vocab, (400,), generator=g)
+    return tun.with_long_prompts(trace, text, every=long_every, length=long_len)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 70])
+def test_chunked_prefill_fills_the_same_cache_and_first_token_as_a_whole_prefill(model, chunk):
+    prompt = torch.randint(0, 23, (70,), generator=torch.Generator().manual_seed(5))
+    whole, chunked = llm.Engine(model, 2, 128), tun.ChunkedEngine(model, 2, 128)
+    want = whole.prefill(1, llm.Request(0, 0.0, prompt, 4))
+    request = llm.Request(0, 0.0, prompt, 4)
+    firsts = []
+    while not request.output:
+        firsts.append(chunked.prefill_chunk(1, request, chunk))
+    assert firsts[:-1] == [None] * (len(firsts) - 1) and firsts[-1] == want and len(firsts) == -(-70 // chunk)
+    for layer in range(model.cfg.n_layers):
+        assert torch.allclose(chunked.k[layer][1, :, :70], whole.k[layer][1, :, :70], atol=1e-5)
+        assert torch.allclose(chunked.v[layer][1, :, :70], whole.v[layer][1, :, :70], atol=1e-5)
+    assert chunked.token_times[0] == [request.t_first]
+
+
+@pytest.mark.parametrize("budget", [None, 16, 3])
+def test_budgeted_scheduler_serves_every_request_with_the_greedy_tokens(model, budget):
+    engine = tun.ChunkedEngine(model, 4, 128)
+    requests = tun.run_budgeted(engine, llm.fresh(_trace()), budget)
+    assert all(r.done for r in requests) and not engine.slot_request and not engine.progress
+    wrong = {r.id: n for r in requests if (n := llm.verify_greedy(model, r.prompt, r.output))}
+    assert not wrong
+    gaps = tun.inter_token_gaps(engine, requests)
+    assert gaps.numel() == sum(len(r.output) - 1 for r in requests) and bool((gaps >= 0).all())
+    chunks = sum(kind == "chunk" for kind, *_ in engine.steps)
+    assert (chunks == 0) == (budget is None)  # a 70-token prompt needs several chunks under a budget of 16 or 3
+
+
+def test_budget_and_chunk_errors_are_clear(model):
+    engine = tun.ChunkedEngine(model, 2, 128)
+    with pytest.raises(ValueError, match="token_budget"):
+        tun.run_budgeted(engine, llm.fresh(_trace()), 0)
+    with pytest.raises(TypeError, match="ChunkedEngine"):
+        tun.run_budgeted(llm.Engine(model, 2, 128), llm.fresh(_trace()), 4)
+    a, b = (llm.Request(i, 0.0, torch.arange(10) % 23, 3) for i in (0, 1))
+    with pytest.raises(ValueError, match="at least one token"):
+        engine.prefill_chunk(0, a, 0)
+    assert engine.prefill_chunk(0, a, 4) is None and engine.prefilled(0) == 4 and 0 not in engine.free_slots()
+    with pytest.raises(ValueError, match="is prefilling request 0"):
+        engine.prefill_chunk(0, b, 4)
+    with pytest.raises(ValueError, match="token times"):
+        tun.inter_token_gaps(engine, [b])
+
+
+def test_long_prompts_replace_every_kth_prompt():
+    trace = tun.with_long_prompts(_trace(long_every=100), torch.arange(300) % 23, every=4, length=50)
+    assert [r.prompt.numel() == 50 for r in trace] == [i % 4 == 0 for i in range(len(trace))]
+    with pytest.raises(ValueError, match="longer than length"):
+        tun.with_long_prompts(trace, torch.arange(10), every=2, length=50)
+
+
+def test_int8_kv_cache_bytes_and_error_bounds(model):
+    cfg = model.cfg
+    fp32, int8 = llm.KVCache(cfg, 1, 64), tun.Int8KVCache(cfg, 1, 64)
+    assert fp32.nbytes / int8.nbytes == pytest.approx(4 * cfg.head_dim / (cfg.head_dim + 4))
+    x = torch.randn(2, 4, 9, cfg.head_dim) * 3
+    codes, scale = tun.Int8KVCache.quantize(x)
+    assert codes.dtype == torch.int8 and bool(((codes.float() * scale - x).abs() <= scale / 2 + 1e-6).all())
+    seq = torch.randint(0, 23, (60,), generator=torch.Generator().manual_seed(3))
+    ref = tun.teacher_forced_logits(model, seq, 20, llm.KVCache(cfg, 1, 60))
+    with torch.inference_mode():
+        full = model(seq[None, :59])[0, 19:]
+    assert ref.shape == full.shape and torch.allclose(ref, full, atol=1e-4)
+    quant = tun.teacher_forced_logits(model, seq, 20, tun.Int8KVCache(cfg, 1, 60))
+    drift = float((quant - ref).abs().max())
+    assert 0 < drift < 0.05 * float(ref.abs().max())  # int8 moves the logits, by a little
+    with pytest.raises(ValueError, match="prompt_len"):
+        tun.teacher_forced_logits(model, seq, 60, llm.KVCache(cfg, 1, 60))
