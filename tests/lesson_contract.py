@@ -70,11 +70,17 @@ REQUIRED_METRICS = {
         "int4_rtn_loss_delta", "int4_gptq_loss_delta", "int4_awq_loss_delta", "smoothquant_w8a8_drift",
     ],
     "05_triton_ensemble": [
+        # part 1: the repository, the server's lifecycle, the batching sweep, the deployment served (sections 1-6)
+        "ensemble_parity_max_abs", "bound_to_loopback_only", "sweep_winner", "sweep_p95_budget_ms",
+        "server_and_stubs_gone",
+    ],
+    "05_triton_under_load": [
+        # part 2: the rebuilt deployment checked again, then under load (sections 7-15)
         "dynamic_batching_throughput_gain", "p95_ms_batching", "p95_ms_no_batching", "ensemble_parity_max_abs",
         "bad_requests_rejected", "healthy_after_bad_requests", "load_requests", "load_requests_failed_or_wrong",
         "bound_to_loopback_only", "mean_batch_size_formed", "batching_gain_upper_bound", "batching_gain_vs_upper_bound",
-        "sweep_winner", "sweep_p95_budget_ms", "first_request_ms_cold", "first_request_ms_warm",
-        "response_cache_available", "replicas_needed", "k8s_manifest_valid", "server_and_stubs_gone",
+        "first_request_ms_cold", "first_request_ms_warm", "response_cache_available", "replicas_needed",
+        "k8s_manifest_valid", "server_and_stubs_gone",
         # the same pipeline on TorchServe (section 14, optional: excused in SECTION_METRICS["05.torchserve"])
         "torchserve_parity_max_abs", "torchserve_p50_ms", "torchserve_p95_ms", "torchserve_vs_triton_p50",
         "torchserve_stopped_clean",
@@ -141,8 +147,8 @@ SECTION_METRICS = {
     "04.ort-custom-op": ["custom_op_ort_parity_max_abs"],
     "04.openvino": ["openvino_parity_max_abs"],
     "04.tvm": ["tvm_parity_max_abs", "tvm_build_s", "tvm_vs_ort_speedup"],
-    "05.model-config": REQUIRED_METRICS["05_triton_ensemble"],
-    "05.triton": REQUIRED_METRICS["05_triton_ensemble"],
+    "05.model-config": [*REQUIRED_METRICS["05_triton_ensemble"], *REQUIRED_METRICS["05_triton_under_load"]],
+    "05.triton": [*REQUIRED_METRICS["05_triton_ensemble"], *REQUIRED_METRICS["05_triton_under_load"]],
     "05.k8s-manifest": ["k8s_manifest_valid"],
     "05.torchserve": [
         "torchserve_parity_max_abs", "torchserve_p50_ms", "torchserve_p95_ms", "torchserve_vs_triton_p50",

@@ -49,6 +49,19 @@ def test_summary_reads_what_each_lesson_recorded():
     assert doc["failed"] == ["06_fused_softmax"]
 
 
+def test_summary_finds_a_section_in_the_part_that_reached_it():
+    part1 = {"ok": True, "seconds": 20, "error": None, "results": {"ran": ["05.triton"], "skipped": {}, "metrics": {}}}
+    part2 = {"ok": True, "seconds": 40, "error": None,
+             "results": {"ran": ["05.triton"], "skipped": {"05.gpu-instances": "needs cuda: absent"},
+                         "metrics": {"gpu_throughput_rps_batching": 9.0}}}
+    doc = gpu_check.summarize({"gpu": "test"}, None, {"05_triton_ensemble": part1, "05_triton_under_load": part2})
+    assert doc["sections"]["05.gpu-instances"] == {"status": "skipped", "detail": "needs cuda: absent"}
+    assert doc["key_numbers"]["05_triton_under_load.gpu_throughput_rps_batching"]["value"] == 9.0
+    failed = {**part2, "ok": False, "error": "05_triton_under_load.ipynb failed in cell 9", "results": {}}
+    doc = gpu_check.summarize({"gpu": "test"}, None, {"05_triton_ensemble": part1, "05_triton_under_load": failed})
+    assert doc["sections"]["05.gpu-instances"] == {"status": "failed", "detail": "05_triton_under_load.ipynb failed in cell 9"}
+
+
 def test_run_tests_counts_passes_failures_and_skip_reasons(tmp_path):
     probe = tmp_path / "test_probe.py"
     probe.write_text("import pytest\n\ndef test_ok():\n    pass\n\ndef test_bad():\n    assert 1 == 2, 'wrong'\n\n"

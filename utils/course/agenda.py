@@ -29,7 +29,8 @@ WORKSHOP_PLAN: dict[str, tuple[int, int]] = {
     "03_profiling_amp": (20, 25),
     "04_onnx_tensorrt": (25, 25),
     "04_quantization": (20, 20),  # part 2 of lesson 04, with its lab
-    "05_triton_ensemble": (20, 20),
+    "05_triton_ensemble": (10, 20),  # part 1 of lesson 05, with its lab (a config by hand, batching tuned)
+    "05_triton_under_load": (10, 0),  # part 2 of lesson 05: no lab of its own
     "06_fused_softmax": (20, 25),
     "06_numerics": (15, 0),  # part 2 of lesson 06: no lab of its own
     "07_llm_inference": (20, 25),

@@ -60,7 +60,7 @@ KEY_METRICS = {
     ("03_profiling_amp", "cudnn_benchmark_speedup"): "cudnn.benchmark over default",
     ("04_onnx_tensorrt", "ort_cuda_iobinding_speedup_vs_eager"): "ONNX Runtime CUDA (IO binding) over eager",
     ("04_onnx_tensorrt", "trt_fp16_speedup_vs_eager"): "TensorRT fp16 over eager",
-    ("05_triton_ensemble", "gpu_throughput_rps_batching"): "Triton with a GPU encoder, req/s",
+    ("05_triton_under_load", "gpu_throughput_rps_batching"): "Triton with a GPU encoder, req/s",
     ("06_fused_softmax", "gpu_softmax_fraction_of_copy_bw"): "CUDA softmax, fraction of the device's copy bandwidth",
     ("06_fused_softmax", "cuda_parity_max_abs_fp32"): "CUDA softmax parity, max |error| vs torch",
     ("06_fused_softmax", "triton_gpu_parity_max_abs_fp32"): "Triton softmax compiled, parity, max |error| vs torch",
@@ -237,11 +237,15 @@ def summarize(device: dict, tests: dict | None, lessons: dict[str, dict], saniti
     key numbers, and what failed."""
     by_section = {}
     for prefix, ids in gpu_sections().items():
-        stem = next((s for s in lessons if s.startswith(prefix)), None)
+        stems = [s for s in lessons if s.startswith(prefix)]  # a lesson in parts has one entry per part
         for section in ids:
-            if stem is None:
+            if not stems:
                 by_section[section] = {"status": "not run", "detail": "lesson not selected"}
                 continue
+            # the part that reached this section (ran or skipped it), else a part that failed, else the first part
+            reached = [s for s in stems if section in lessons[s]["results"].get("ran", [])
+                       or section in lessons[s]["results"].get("skipped", {})]
+            stem = (reached or [s for s in stems if not lessons[s]["ok"]] or stems)[0]
             entry = lessons[stem]
             skipped = entry["results"].get("skipped", {})
             if section in skipped:

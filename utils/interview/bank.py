@@ -23,6 +23,7 @@ LESSON_TITLES = {
     "04_onnx_tensorrt": "ONNX and TensorRT",
     "04_quantization": "Quantization from the arithmetic up",
     "05_triton_ensemble": "A Triton ensemble",
+    "05_triton_under_load": "Triton under load",
     "06_fused_softmax": "A fused softmax kernel",
     "06_numerics": "Numerics: long sums and batch invariance",
     "07_llm_inference": "Inside LLM inference",
