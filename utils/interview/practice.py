@@ -18,6 +18,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
+from utils.core import env
 from utils.interview.bank import Question, get, load_bank
 from utils.interview.proofs import ProofResult, recorded, run_proof, session_results
 from utils.interview.quiz import Quiz, _prove_and_print, match_lessons, quiz
@@ -185,11 +186,7 @@ def _resolve(qid: str, bank=None) -> Question:
 
 
 def _smoke(smoke: bool | None) -> bool:
-    if smoke is not None:
-        return bool(smoke)
-    from utils.core import env
-
-    return env.smoke_default()
+    return bool(smoke) if smoke is not None else env.smoke_default()
 
 
 def prove(qid: str, *, smoke: bool | None = None, show_code: bool = True, bank=None) -> ProofResult | None:
