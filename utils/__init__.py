@@ -9,7 +9,7 @@
     conversion/  lesson 04: ONNX graph work, graphs drawn as SVG, TensorRT
     serving/     lesson 05: the Triton model repository, its Python-backend programs, load generator, deployment
     kernels/     lesson 06: the fused softmax extension (C++/CUDA sources, builds, sweeps)
-    interview/   lesson 08: the question bank, its proofs and quiz
+    interview/   lesson 08: the question bank, its proofs, quiz and practice sets
     llm          lesson 07: a tiny GPT, KV cache, tiled attention, static vs continuous batching, paged KV, int8
     checks/      one module of lab checks per lab, and the helpers they share
     course/      tooling no notebook imports: runner, report rendering, agenda, site, labs, notebook hygiene,

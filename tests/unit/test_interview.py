@@ -1,5 +1,6 @@
 """utils.interview and its bank (lesson 08): the bank validates, every proof runs, the quiz is seeded."""
 
+import html
 import importlib
 import importlib.util
 import json
@@ -14,7 +15,7 @@ from tests.lesson_contract import REQUIRED_METRICS
 from utils import interview
 from utils.core import env
 from utils.interview import __main__ as cli
-from utils.interview import proofs
+from utils.interview import practice, proofs
 
 BANK = interview.load_bank()
 CODE_PROOFS = [q for q in BANK if q.code]
@@ -93,10 +94,15 @@ def test_metric_pointers_resolve_to_a_section_where_the_lesson_exists():
                 assert interview.locate(q), f"{q.id}: its metrics are in {q.notebook} but no heading precedes them"
 
 
-def test_the_notebook_has_one_card_per_question():
+def test_the_notebook_practises_and_runs_every_proof():
     nb = nbformat.read(str(env.repo_root() / "notebooks" / "08_interview_prep.ipynb"), as_version=4)
-    cards = re.findall(r'interview\.card\("([a-z0-9-]+)"', "\n".join(c.source for c in nb.cells if c.cell_type == "code"))
-    assert sorted(cards) == sorted(q.id for q in BANK), "notebooks/08_interview_prep.ipynb and the bank disagree"
+    assert len(nb.cells) <= 50, f"lesson 08 has {len(nb.cells)} cells: one sitting is about 50 at most"
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert "practice.prove_all(" in code, "lesson 08 must run every proof in the bank (code_proofs_run, _passed)"
+    for call in ("practice.pick(minutes=", "practice.pick(topic=", "practice.pick(lesson=", "report.show()"):
+        assert call in code, f"lesson 08 no longer calls {call}"
+    named = re.findall(r'practice\.prove\("([a-z0-9-]+)"', code)
+    assert 3 <= len(named) <= 5 and set(named) <= {q.id for q in BANK}, f"the worked example proves {named}"
 
 
 @pytest.fixture(scope="module")
@@ -258,3 +264,132 @@ def test_command_line(capsys):
     assert f"{len(BANK)} questions" in capsys.readouterr().out
     assert cli.main(["prove", "median-and-iqr"]) == 0
     assert "proved" in capsys.readouterr().out
+
+
+# practice mode (issue 25): sets by topic, lesson or a default draw; answers hidden; prove() on request
+
+
+def test_every_card_has_a_topic_and_topics_name_real_cards():
+    ids = {q.id for q in BANK}
+    in_topics = set().union(*practice.TOPICS.values())
+    assert not in_topics - ids, f"practice.TOPICS names cards the bank does not have: {sorted(in_topics - ids)}"
+    assert not ids - in_topics, f"cards in no practice topic (add them to practice.TOPICS): {sorted(ids - in_topics)}"
+
+
+def test_default_practice_set_fits_the_minutes_and_is_seeded():
+    a = practice.pick(seed=3, show=False, bank=BANK)
+    assert len(a.questions) == practice.DEFAULT_MINUTES // practice.MINUTES_PER_CARD
+    assert len(set(a.ids)) == len(a.ids)
+    assert a.ids == practice.pick(seed=3, show=False, bank=BANK).ids
+    assert any(practice.pick(seed=s, show=False, bank=BANK).ids != a.ids for s in range(4, 8))
+    assert len(practice.pick(minutes=9, show=False, bank=BANK).questions) == 3
+    assert a.ids == [q.id for q in interview.quiz(len(a.ids), seed=3, show=False, bank=BANK).questions], (
+        "the default set is quiz()'s draw (the legacy cards' quarter weight included)")
+    legacy = importlib.import_module("utils.interview.quiz").LEGACY_IDS
+    drawn = [qid for s in range(300) for qid in practice.pick(seed=s, show=False, bank=BANK).ids]
+    assert sum(qid in legacy for qid in drawn) / len(drawn) < 0.5 * len(legacy) / len(BANK)
+    with pytest.raises(ValueError, match="minutes"):
+        practice.pick(minutes=1, show=False, bank=BANK)
+    with pytest.raises(ValueError, match="positive integer"):
+        practice.pick(n=0, show=False, bank=BANK)
+
+
+def test_topic_and_lesson_sets():
+    quant = practice.pick(topic="quantization", show=False, bank=BANK)
+    assert set(quant.ids) == set(practice.TOPICS["quantization"])  # 9 cards fit in 30 minutes: all of them
+    assert quant.ids == [q.id for q in BANK if q.id in quant.ids], "a topic set keeps lesson (bank) order"
+    llm = practice.pick(topic="LLM", n=100, show=False, bank=BANK)  # a partial name: every topic containing it
+    assert set(llm.ids) == set(practice.TOPICS["llm-inference"]) | set(practice.TOPICS["llm-serving"])
+    big = practice.pick(topic="graphs-and-compilers", minutes=15, seed=2, show=False, bank=BANK)
+    assert len(big.ids) == 5 and set(big.ids) <= set(practice.TOPICS["graphs-and-compilers"])
+    assert big.ids == practice.pick(topic="graphs-and-compilers", minutes=15, seed=2, show=False, bank=BANK).ids
+    lesson = practice.pick(lesson="06", n=100, show=False, bank=BANK)
+    assert lesson.ids == [q.id for q in BANK if q.lesson.startswith("06")]
+    both = practice.pick(topic="numerics", lesson="06", show=False, bank=BANK)
+    assert both.ids and all(q.lesson.startswith("06") and q.id in practice.TOPICS["numerics"] for q in both.questions)
+    named = practice.pick(ids=["warm-up", "kahan-summation"], show=False, bank=BANK)
+    assert named.ids == ["warm-up", "kahan-summation"]
+    with pytest.raises(ValueError, match="no topic matches"):
+        practice.pick(topic="astrology", show=False, bank=BANK)
+    with pytest.raises(ValueError, match="no lesson matches"):
+        practice.pick(lesson="42", show=False, bank=BANK)
+    with pytest.raises(ValueError, match="not both"):
+        practice.pick(topic="numerics", ids=["warm-up"], show=False, bank=BANK)
+    with pytest.raises(KeyError, match="did you mean"):
+        practice.pick(ids=["warm-upp"], show=False, bank=BANK)
+
+
+def test_practice_set_hides_answers_and_points_at_prove(capsys):
+    chosen = practice.pick(topic="numerics", show=False, bank=BANK)
+    page = chosen.html()
+    n = len(chosen.questions)
+    assert page.count("<details>") == n and page.count("<summary>") == n
+    for q in chosen.questions:  # the question is outside the fold, the answer inside it
+        head, _, fold = page.partition(html.escape(q.question))
+        assert fold, q.id
+        body = fold.split("</details>")[0]
+        assert "<details>" in body and html.escape(q.strategy)[:80] in body
+        assert html.escape(f"practice.prove({q.id!r})") in body
+    assert chosen.title in page and f"about {n * practice.MINUTES_PER_CARD} minutes" in page
+    chosen.show("plain")
+    asked = capsys.readouterr().out
+    assert all(q.question in asked for q in chosen.questions) and "reveal(k)" in asked
+    flat = lambda text: " ".join(text.split())  # noqa: E731
+    assert not any(flat(q.strategy)[:60] in flat(asked) for q in chosen.questions)
+    chosen.reveal(chosen.ids[1])  # by id, as well as by number
+    out = capsys.readouterr().out
+    assert flat(chosen.questions[1].strategy)[:60] in flat(out) and "practice.prove(" in out
+    with pytest.raises(KeyError, match="not in this set"):
+        chosen.reveal("warm-up")
+
+
+def test_practice_widget_reveals_on_click():
+    pytest.importorskip("ipywidgets")
+    box = practice.pick(ids=["median-and-iqr"], show=False, bank=BANK).widget()
+    _, button, answer = box.children[0].children
+    assert answer.layout.display == "none" and "practice.prove(" in answer.value
+    button.click()
+    assert answer.layout.display is None
+
+
+def test_prove_runs_one_proof_and_fails_clearly(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("WORKBOOK_BUILD_DIR", str(tmp_path))
+    proofs.session_results.pop("median-and-iqr", None)
+    result = practice.prove("median-and-iqr", smoke=True)
+    out = capsys.readouterr().out
+    assert result.ok and result.id == "median-and-iqr" and proofs.session_results["median-and-iqr"] is result
+    assert "Proof of [median-and-iqr]" in out and "statistics.median" in out and "proof ran in" in out
+    assert practice.prove("dynamic-batching", smoke=True) is None  # a metrics proof: the lesson's numbers
+    assert "not run yet" in capsys.readouterr().out
+    with pytest.raises(KeyError, match="no question 'warm-upp'.*did you mean.*utils.interview list"):
+        practice.prove("warm-upp")
+    failing = interview.Question("broken-card", "01_inference_modes", "course", "Q?", "S " * 12,
+                                 code="print('before')\nassert 1 == 2, 'the claim no longer holds'\n")
+    with pytest.raises(AssertionError, match="broken-card.*the claim no longer holds"):
+        practice.prove("broken-card", bank=[failing])
+    assert "before" in capsys.readouterr().out
+
+
+def test_prove_all_prints_one_line_per_card_and_raises_after_the_table(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("WORKBOOK_BUILD_DIR", str(tmp_path))
+    fast = [interview.get("median-and-iqr"), interview.get("dynamic-batching")]
+    results = practice.prove_all(smoke=True, bank=fast)
+    lines = capsys.readouterr().out.splitlines()
+    assert list(results) == ["median-and-iqr"] and results["median-and-iqr"].ok
+    assert lines[0].split() == ["card", "lesson", "proof", "seconds"]
+    assert lines[1].split()[:3] == ["median-and-iqr", "00_environment", "passed"]
+    assert lines[2].split()[:4] == ["dynamic-batching", "05_triton_ensemble", "metrics", "-"]
+    assert "1 of 1 code proofs passed" in lines[-1]
+    failing = interview.Question("broken-card", "01_inference_modes", "course", "Q?", "S", code="assert False\n")
+    with pytest.raises(AssertionError, match=r"1 proof\(s\) failed: \['broken-card'\]"):
+        practice.prove_all(smoke=True, bank=[failing, fast[0]])
+    out = capsys.readouterr().out
+    assert "broken-card" in out and "FAILED" in out and "median-and-iqr" in out  # the table is complete first
+
+
+def test_command_line_practice(capsys):
+    assert cli.main(["topics"]) == 0
+    assert "quantization" in capsys.readouterr().out
+    assert cli.main(["practice", "--topic", "numerics", "--seed", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "kahan-summation" in out and "python -m utils.interview prove" in out

@@ -1,9 +1,11 @@
-"""python -m utils.interview validate | list | quiz [--n 5 --seed 0] | prove [ID ...] (lesson 08)."""
+"""python -m utils.interview validate | list | topics | quiz [--n 5 --seed 0] | practice [--topic T --lesson NN]
+| prove [ID ...] (lesson 08)."""
 
 from __future__ import annotations
 
 import sys
 
+from utils.interview import practice
 from utils.interview.bank import BANK_PATH, by_lesson, get, load_bank
 from utils.interview.proofs import run_proof
 from utils.interview.quiz import _wrap, quiz
@@ -20,6 +22,12 @@ def main(argv=None) -> int:
     qp.add_argument("--n", type=int, default=5)
     qp.add_argument("--seed", type=int, default=0)
     qp.add_argument("--lesson", action="append", default=None, help="e.g. 02 (repeatable)")
+    sub.add_parser("topics", help="list the practice topics")
+    tp = sub.add_parser("practice", help="a practice set (default: about 30 minutes); Enter reveals each answer")
+    tp.add_argument("--topic", default=None, help="e.g. quantization (see `topics`)")
+    tp.add_argument("--lesson", action="append", default=None, help="e.g. 02 (repeatable)")
+    tp.add_argument("--minutes", type=int, default=practice.DEFAULT_MINUTES)
+    tp.add_argument("--seed", type=int, default=0)
     pp = sub.add_parser("prove", help="run code proofs (all, or the ids given)")
     pp.add_argument("ids", nargs="*")
     args = parser.parse_args(argv)
@@ -35,14 +43,23 @@ def main(argv=None) -> int:
             for q in qs:
                 print(f"  {q.id:34s} {q.question[:80]}")
         return 0
-    if args.cmd == "quiz":
-        qz = quiz(args.n, args.seed, args.lesson, show=False, bank=bank)
+    if args.cmd == "topics":
+        practice.topics(bank)
+        return 0
+    if args.cmd in ("quiz", "practice"):
+        if args.cmd == "quiz":
+            qz = quiz(args.n, args.seed, args.lesson, show=False, bank=bank)
+        else:
+            qz = practice.pick(args.topic, args.lesson, minutes=args.minutes, seed=args.seed, show=False, bank=bank)
+            print(f"{qz.title}: run `python -m utils.interview prove ID` for a card's proof")
         interactive = sys.stdin.isatty()
         for k, q in enumerate(qz.questions):
             print(f"\n{k}. {q.question}")
             if interactive:
                 input("   (Enter to reveal) ")
             print("   " + "\n   ".join(_wrap(q.strategy, 100)))
+            if args.cmd == "practice":
+                print(f"   proof: python -m utils.interview prove {q.id}")
         return 0
     ids = args.ids or [q.id for q in bank if q.code]
     failed = 0

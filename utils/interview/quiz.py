@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from utils.interview.bank import LESSON_TITLES, Question, get, load_bank
 from utils.interview.proofs import locate, recorded, run_proof, session_results
 
-__all__ = ["card", "Quiz", "quiz", "LEGACY_IDS", "LEGACY_WEIGHT"]
+__all__ = ["card", "Quiz", "quiz", "match_lessons", "LEGACY_IDS", "LEGACY_WEIGHT"]
 
 # Cards on TorchScript (deprecated: torch.export and torch.compile succeed it) and on Keras specifics, which inference
 # interviews now ask far less often than LLM serving or quantization (issue 28). They stay in the bank, in card() and in
@@ -56,27 +56,33 @@ def card(qid: str, *, run: bool = True, smoke: bool = True, show_code: bool = Tr
     print("Answer strategy:")
     for para in q.strategy.split("\n\n"):
         print("  " + "\n  ".join(_wrap(para)))
+    _prove_and_print(q, run=run, smoke=smoke, show_code=show_code)
+
+
+def _prove_and_print(q: Question, *, run: bool = True, smoke: bool = True, show_code: bool = True):
+    """The proof half of a card: where the lesson records it, the code, its output (card() and practice.prove())."""
     pointer = _pointer_text(q)
     if pointer:
         print("\n" + pointer)
     if not q.code:
-        return
+        return None
     if show_code:
         print("\nProof (code from the bank):")
         print("  " + q.code.rstrip().replace("\n", "\n  "))
     if not run:
-        return
+        return None
     print("\nOutput:")
     result = run_proof(q, smoke=smoke, capture=True)
     session_results[q.id] = result
     if result.skipped:
         print(f"  skipped: {result.skipped}")
-        return
+        return result
     print("  " + result.output.rstrip().replace("\n", "\n  "))
     if not result.ok:
         print(result.error, file=sys.stderr)
         raise AssertionError(f"the proof of {q.id!r} failed: {result.error.strip().splitlines()[-1]}")
     print(f"  -> proof ran in {result.seconds:.1f} s")
+    return result
 
 
 def _wrap(text: str, width: int = 110) -> list[str]:
@@ -92,10 +98,21 @@ class Quiz:
     questions: list[Question]
     seed: int
 
+    # the hint after the questions, the heading and the call that runs a card's proof (practice.PracticeSet changes them)
+    def _ask_hint(self) -> str:
+        return "Think about each one, then call quiz.reveal(k) (or quiz.reveal_all())."
+
+    def _proof_call(self, q: Question) -> str:
+        return f"card({q.id!r})"
+
+    def _heading(self) -> str:
+        return (f"<b>Quiz</b> (seed {self.seed}, {len(self.questions)} questions): "
+                "answer aloud, then open the answer.")
+
     def ask(self) -> None:
         for k, q in enumerate(self.questions):
             print(f"{k}. [{q.lesson[:2]}] {q.question}")
-        print("\nThink about each one, then call quiz.reveal(k) (or quiz.reveal_all()).")
+        print("\n" + self._ask_hint())
 
     def reveal(self, k: int) -> None:
         if not 0 <= k < len(self.questions):
@@ -103,7 +120,7 @@ class Quiz:
         q = self.questions[k]
         print(f"{k}. {q.question}\n")
         print("  " + "\n  ".join(_wrap(q.strategy)))
-        print(f"\n  Proof: card({q.id!r}) runs it" + (f"; lesson {q.lesson[:2]} records {', '.join(q.metrics)}" if q.metrics else ""))
+        print(f"\n  Proof: {self._proof_call(q)} runs it" + (f"; lesson {q.lesson[:2]} records {', '.join(q.metrics)}" if q.metrics else ""))
 
     def reveal_all(self) -> None:
         for k in range(len(self.questions)):
@@ -112,13 +129,12 @@ class Quiz:
 
     def html(self) -> str:
         """Questions with answers folded in <details>: reveal on click, in Jupyter and in the static site."""
-        parts = [f"<div class='quiz'><p><b>Quiz</b> (seed {self.seed}, {len(self.questions)} questions): "
-                 "answer aloud, then open the answer.</p><ol start='0'>"]
+        parts = [f"<div class='quiz'><p>{self._heading()}</p><ol start='0'>"]
         for q in self.questions:
             parts.append(
                 f"<li><p>{html.escape(q.question)} <i>(lesson {q.lesson[:2]})</i></p>"
                 f"<details><summary>Show the answer strategy</summary><p>{html.escape(q.strategy)}</p>"
-                f"<p>Proof: <code>card({q.id!r})</code></p></details></li>"
+                f"<p>Proof: <code>{html.escape(self._proof_call(q))}</code></p></details></li>"
             )
         parts.append("</ol></div>")
         return "".join(parts)
@@ -129,7 +145,8 @@ class Quiz:
 
         rows = []
         for k, q in enumerate(self.questions):
-            answer = w.HTML(f"<p>{html.escape(q.strategy)}</p><p>Proof: <code>card({q.id!r})</code></p>")
+            answer = w.HTML(f"<p>{html.escape(q.strategy)}</p>"
+                            f"<p>Proof: <code>{html.escape(self._proof_call(q))}</code></p>")
             answer.layout.display = "none"
             button = w.Button(description="Show answer", layout=w.Layout(width="140px"))
 
@@ -166,12 +183,21 @@ class Quiz:
             data = bundle[0] if isinstance(bundle, tuple) else bundle
             data = dict(data)
             data["text/html"] = self.html()
-            data["text/plain"] = "Quiz: " + "; ".join(q.id for q in self.questions)
+            data["text/plain"] = f"{type(self).__name__}: " + "; ".join(q.id for q in self.questions)
             display(data, raw=True)
         else:
             from IPython.display import HTML
 
             display(HTML(self.html()))
+
+
+def match_lessons(lessons) -> set[str]:
+    """The lesson stems that one or more names or prefixes ("02", "04_quantization", ["06", "07"]) stand for."""
+    lessons = [lessons] if isinstance(lessons, str) else list(lessons)
+    wanted = {stem for stem in LESSON_TITLES if any(stem.startswith(str(x)) for x in lessons)}
+    if not wanted:
+        raise ValueError(f"no lesson matches {lessons}; lessons are {sorted(LESSON_TITLES)}")
+    return wanted
 
 
 def quiz(n: int = 5, seed: int = 0, lessons=None, *, show: bool = True, mode: str = "auto", bank=None,
@@ -184,10 +210,7 @@ def quiz(n: int = 5, seed: int = 0, lessons=None, *, show: bool = True, mode: st
     """
     bank = bank if bank is not None else load_bank()
     if lessons is not None:
-        lessons = [lessons] if isinstance(lessons, str) else list(lessons)
-        wanted = {stem for stem in LESSON_TITLES if any(stem.startswith(str(x)) for x in lessons)}
-        if not wanted:
-            raise ValueError(f"no lesson matches {lessons}; lessons are {sorted(LESSON_TITLES)}")
+        wanted = match_lessons(lessons)
         bank = [q for q in bank if q.lesson in wanted]
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a positive integer, got {n!r}")
