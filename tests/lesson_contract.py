@@ -112,6 +112,13 @@ REQUIRED_METRICS = {
         "int8_weight_size_ratio", "int8_logit_max_rel_diff", "decode_fraction_of_memory_bound",
         "prefill_over_decode_tokens_per_s",
     ],
+    "07_llm_tuning": [
+        # chunked prefill under a per-step token budget (section 1), an int8 KV cache (section 2)
+        "chunked_prefill_itl_p95_ratio", "chunked_prefill_itl_max_ratio", "chunked_prefill_prediction_held",
+        "chunked_prefill_long_ttft_cost", "chunked_prefill_throughput_ratio", "chunked_prefill_wrong_tokens",
+        "int8_kv_bytes_ratio", "int8_kv_logit_drift", "int8_kv_greedy_agreement", "int8_kv_loss_delta",
+        "int8_kv_decode_speedup",
+    ],
     "07_llm_serving": [
         "paged_logit_parity", "paged_serving_capacity_gain", "paged_serving_throughput_gain", "paged_serving_all_greedy",
         "prefix_cache_logits_max_abs", "prefix_cache_ttft_saved", "prefix_cache_hit_rate", "spec_decode_greedy_identical",

@@ -378,7 +378,7 @@ def test_prove_all_prints_one_line_per_card_and_raises_after_the_table(capsys, m
     assert list(results) == ["median-and-iqr"] and results["median-and-iqr"].ok
     assert lines[0].split() == ["card", "lesson", "proof", "seconds"]
     assert lines[1].split()[:3] == ["median-and-iqr", "00_environment", "passed"]
-    assert lines[2].split()[:4] == ["dynamic-batching", "05_triton_ensemble", "metrics", "-"]
+    assert lines[2].split()[:4] == ["dynamic-batching", "05_triton_under_load", "metrics", "-"]
     assert "1 of 1 code proofs passed" in lines[-1]
     failing = interview.Question("broken-card", "01_inference_modes", "course", "Q?", "S", code="assert False\n")
     with pytest.raises(AssertionError, match=r"1 proof\(s\) failed: \['broken-card'\]"):

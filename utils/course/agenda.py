@@ -35,6 +35,7 @@ WORKSHOP_PLAN: dict[str, tuple[int, int]] = {
     "06_numerics": (15, 0),  # part 2 of lesson 06: no lab of its own
     "07_llm_inference": (20, 25),
     "07_llm_serving": (15, 0),  # part 2 of lesson 07: no lab of its own
+    "07_llm_tuning": (15, 0),  # a later part of lesson 07: no lab of its own
     "08_interview_prep": (10, 20),
 }
 _BREAKS = ((10 * 60 + 30, "coffee break", 15), (12 * 60 + 30, "lunch", 60), (15 * 60 + 15, "break", 15))

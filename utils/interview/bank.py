@@ -28,6 +28,7 @@ LESSON_TITLES = {
     "06_numerics": "Numerics: long sums and batch invariance",
     "07_llm_inference": "Inside LLM inference",
     "07_llm_serving": "Serving techniques for LLMs",
+    "07_llm_tuning": "Latency under load: chunked prefill, int8 KV cache",
     "08_interview_prep": "Interview prep",
 }
 
