@@ -67,8 +67,10 @@ def test_ratios_carry_their_interval(nb):
 def test_section_metrics_name_required_metrics_of_optional_sections():
     for section, metrics in SECTION_METRICS.items():
         assert section in sections.OPTIONAL_SECTIONS, section
-        lesson = next(stem for stem in REQUIRED_METRICS if stem.startswith(section[:2]))
-        assert set(metrics) <= set(REQUIRED_METRICS[lesson]), (section, set(metrics) - set(REQUIRED_METRICS[lesson]))
+        # a lesson in parts (06_fused_softmax, 06_gpu_kernels_triton, ...): one of its parts requires them all
+        parts = [stem for stem in REQUIRED_METRICS if stem.startswith(section[:2])]
+        missing = {stem: set(metrics) - set(REQUIRED_METRICS[stem]) for stem in parts}
+        assert any(not m for m in missing.values()), (section, missing)
 
 
 def test_every_lesson_has_a_contract():

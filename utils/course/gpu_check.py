@@ -63,12 +63,12 @@ KEY_METRICS = {
     ("05_triton_ensemble", "gpu_throughput_rps_batching"): "Triton with a GPU encoder, req/s",
     ("06_fused_softmax", "gpu_softmax_fraction_of_copy_bw"): "CUDA softmax, fraction of the device's copy bandwidth",
     ("06_fused_softmax", "cuda_parity_max_abs_fp32"): "CUDA softmax parity, max |error| vs torch",
-    ("06_fused_softmax", "triton_gpu_parity_max_abs_fp32"): "Triton softmax compiled, parity, max |error| vs torch",
-    ("06_fused_softmax", "triton_gpu_softmax_fraction_of_copy_bw"): "Triton softmax, fraction of the device's copy "
-                                                                    "bandwidth (rows of 256 to 32K floats)",
-    ("06_fused_softmax", "triton_gpu_few_long_rows_fraction_of_copy_bw"): "Triton looped softmax, few long rows, "
-                                                                          "fraction of copy bandwidth",
-    ("06_fused_softmax", "triton_gpu_softmax_speedup_vs_torch_geomean"): "Triton softmax over torch.softmax",
+    ("06_gpu_kernels_triton", "triton_gpu_parity_max_abs_fp32"): "Triton softmax compiled, parity, max |error| vs torch",
+    ("06_gpu_kernels_triton", "triton_gpu_softmax_fraction_of_copy_bw"): "Triton softmax, fraction of the device's "
+                                                                         "copy bandwidth (rows of 256 to 32K floats)",
+    ("06_gpu_kernels_triton", "triton_gpu_few_long_rows_fraction_of_copy_bw"): "Triton looped softmax, few long rows, "
+                                                                               "fraction of copy bandwidth",
+    ("06_gpu_kernels_triton", "triton_gpu_softmax_speedup_vs_torch_geomean"): "Triton softmax over torch.softmax",
     ("07_llm_inference", "gpu_sdpa_flash_speedup_vs_math"): "SDPA flash backend over math, fp16 causal attention",
 }
 
@@ -237,11 +237,15 @@ def summarize(device: dict, tests: dict | None, lessons: dict[str, dict], saniti
     key numbers, and what failed."""
     by_section = {}
     for prefix, ids in gpu_sections().items():
-        stem = next((s for s in lessons if s.startswith(prefix)), None)
+        parts = [s for s in lessons if s.startswith(prefix)]  # a lesson in parts: 06_fused_softmax, 06_gpu_kernels_...
         for section in ids:
-            if stem is None:
+            if not parts:
                 by_section[section] = {"status": "not run", "detail": "lesson not selected"}
                 continue
+            # the part that ran or skipped the section; else the first part that failed (it may not have reached it)
+            stem = next((s for s in parts if section in lessons[s]["results"].get("ran", [])
+                         or section in lessons[s]["results"].get("skipped", {})),
+                        next((s for s in parts if not lessons[s]["ok"]), parts[0]))
             entry = lessons[stem]
             skipped = entry["results"].get("skipped", {})
             if section in skipped:
