@@ -89,6 +89,8 @@ REQUIRED_METRICS = {
         "softmax_speedup_vs_torch_geomean", "softmax_speedup_vs_naive_geomean", "softmax_best_fraction_of_copy_bw",
         "softmax_large_fraction_of_roof", "softmax_speedup_vs_torch_same_exp_geomean",
         "opcheck_passed", "gradcheck_passed",
+    ],
+    "06_gpu_kernels_triton": [
         # the softmax in the Triton language, in Triton's interpreter (excused in SECTION_METRICS["06.triton-interpreter"])
         "triton_softmax_parity_max_abs", "tiled_matmul_global_bytes_ratio",
     ],

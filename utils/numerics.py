@@ -1,4 +1,4 @@
-"""Floating-point numerics of inference (lesson 06, part 2: notebooks/06_numerics.ipynb).
+"""Floating-point numerics of inference (lesson 06, part 3: notebooks/06_numerics.ipynb).
 
 The notebook prints the parts it teaches from this file:
 

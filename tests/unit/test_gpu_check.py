@@ -62,6 +62,27 @@ def test_summary_finds_a_section_in_the_part_that_reached_it():
     assert doc["sections"]["05.gpu-instances"] == {"status": "failed", "detail": "05_triton_under_load.ipynb failed in cell 9"}
 
 
+def test_summary_reads_each_section_from_the_part_that_guards_it():
+    # lesson 06 in parts: the CUDA sections are in 06_fused_softmax, the compiled Triton one in 06_gpu_kernels_triton
+    ran = {"ran": ["06.cuda-compile-check", "06.cuda-kernel", "06.gpu-sweep"], "skipped": {}, "metrics": {}}
+    lessons = {
+        "06_fused_softmax": {"ok": True, "seconds": 60, "error": None, "results": ran},
+        "06_gpu_kernels_triton": {"ok": True, "seconds": 30, "error": None,
+                                  "results": {"ran": ["06.triton-interpreter", "06.triton-gpu"], "skipped": {},
+                                              "metrics": {"triton_gpu_parity_max_abs_fp32": 2e-7}}},
+        "06_numerics": {"ok": True, "seconds": 20, "error": None, "results": {"ran": [], "skipped": {}, "metrics": {}}},
+    }
+    doc = gpu_check.summarize({"gpu": "test"}, None, lessons)
+    s = doc["sections"]
+    assert {s[k]["status"] for k in ("06.cuda-compile-check", "06.cuda-kernel", "06.gpu-sweep", "06.triton-gpu")} == {"ran"}
+    assert doc["key_numbers"]["06_gpu_kernels_triton.triton_gpu_parity_max_abs_fp32"]["value"] == 2e-7
+    lessons["06_gpu_kernels_triton"].update(ok=False, error="06_gpu_kernels_triton.ipynb failed in cell 9\nmore",
+                                            results={"ran": ["06.triton-interpreter"], "skipped": {}, "metrics": {}})
+    s = gpu_check.summarize({"gpu": "test"}, None, lessons)["sections"]
+    assert s["06.triton-gpu"] == {"status": "failed", "detail": "06_gpu_kernels_triton.ipynb failed in cell 9"}
+    assert s["06.cuda-kernel"]["status"] == "ran"
+
+
 def test_run_tests_counts_passes_failures_and_skip_reasons(tmp_path):
     probe = tmp_path / "test_probe.py"
     probe.write_text("import pytest\n\ndef test_ok():\n    pass\n\ndef test_bad():\n    assert 1 == 2, 'wrong'\n\n"
@@ -164,7 +185,7 @@ def test_run_sanitizer_wraps_pytest_and_reads_its_report(monkeypatch, tmp_path):
 
 
 def test_triton_gpu_numbers_are_among_the_key_metrics():
-    triton_metrics = {m for (stem, m) in gpu_check.KEY_METRICS if stem == "06_fused_softmax" and "triton" in m}
+    triton_metrics = {m for (stem, m) in gpu_check.KEY_METRICS if stem == "06_gpu_kernels_triton" and "triton" in m}
     assert triton_metrics == {"triton_gpu_parity_max_abs_fp32", "triton_gpu_softmax_fraction_of_copy_bw",
                               "triton_gpu_few_long_rows_fraction_of_copy_bw",
                               "triton_gpu_softmax_speedup_vs_torch_geomean"}

@@ -1,6 +1,6 @@
 """Checks for part 5 of labs/06_fused_softmax_lab.ipynb: a row softmax kernel in the Triton language, run in
-Triton's interpreter on CPU tensors (lesson 06, section 6). A module of its own because it imports triton, which the
-C++ parts of the lab do not need."""
+Triton's interpreter on CPU tensors (lesson 06, part 2: notebooks/06_gpu_kernels_triton.ipynb). A module of its own
+because it imports triton, which the C++ parts of the lab do not need."""
 
 from __future__ import annotations
 

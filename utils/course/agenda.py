@@ -31,8 +31,9 @@ WORKSHOP_PLAN: dict[str, tuple[int, int]] = {
     "04_quantization": (20, 20),  # part 2 of lesson 04, with its lab
     "05_triton_ensemble": (10, 20),  # part 1 of lesson 05, with its lab (a config by hand, batching tuned)
     "05_triton_under_load": (10, 0),  # part 2 of lesson 05: no lab of its own
-    "06_fused_softmax": (20, 25),
-    "06_numerics": (15, 0),  # part 2 of lesson 06: no lab of its own
+    "06_fused_softmax": (14, 25),  # part 1 of lesson 06, with its lab (whose Triton task part 2 teaches)
+    "06_gpu_kernels_triton": (6, 0),  # part 2 of lesson 06: its Triton task is in lesson 06's lab
+    "06_numerics": (15, 0),  # part 3 of lesson 06: no lab of its own
     "07_llm_inference": (20, 25),
     "07_llm_serving": (15, 0),  # part 2 of lesson 07: no lab of its own
     "07_llm_tuning": (15, 0),  # a later part of lesson 07: no lab of its own

@@ -63,12 +63,12 @@ KEY_METRICS = {
     ("05_triton_under_load", "gpu_throughput_rps_batching"): "Triton with a GPU encoder, req/s",
     ("06_fused_softmax", "gpu_softmax_fraction_of_copy_bw"): "CUDA softmax, fraction of the device's copy bandwidth",
     ("06_fused_softmax", "cuda_parity_max_abs_fp32"): "CUDA softmax parity, max |error| vs torch",
-    ("06_fused_softmax", "triton_gpu_parity_max_abs_fp32"): "Triton softmax compiled, parity, max |error| vs torch",
-    ("06_fused_softmax", "triton_gpu_softmax_fraction_of_copy_bw"): "Triton softmax, fraction of the device's copy "
-                                                                    "bandwidth (rows of 256 to 32K floats)",
-    ("06_fused_softmax", "triton_gpu_few_long_rows_fraction_of_copy_bw"): "Triton looped softmax, few long rows, "
-                                                                          "fraction of copy bandwidth",
-    ("06_fused_softmax", "triton_gpu_softmax_speedup_vs_torch_geomean"): "Triton softmax over torch.softmax",
+    ("06_gpu_kernels_triton", "triton_gpu_parity_max_abs_fp32"): "Triton softmax compiled, parity, max |error| vs torch",
+    ("06_gpu_kernels_triton", "triton_gpu_softmax_fraction_of_copy_bw"): "Triton softmax, fraction of the device's "
+                                                                         "copy bandwidth (rows of 256 to 32K floats)",
+    ("06_gpu_kernels_triton", "triton_gpu_few_long_rows_fraction_of_copy_bw"): "Triton looped softmax, few long rows, "
+                                                                               "fraction of copy bandwidth",
+    ("06_gpu_kernels_triton", "triton_gpu_softmax_speedup_vs_torch_geomean"): "Triton softmax over torch.softmax",
     ("07_llm_inference", "gpu_sdpa_flash_speedup_vs_math"): "SDPA flash backend over math, fp16 causal attention",
 }
 

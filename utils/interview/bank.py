@@ -25,6 +25,7 @@ LESSON_TITLES = {
     "05_triton_ensemble": "A Triton ensemble",
     "05_triton_under_load": "Triton under load",
     "06_fused_softmax": "A fused softmax kernel",
+    "06_gpu_kernels_triton": "GPU kernels in the Triton language",
     "06_numerics": "Numerics: long sums and batch invariance",
     "07_llm_inference": "Inside LLM inference",
     "07_llm_serving": "Serving techniques for LLMs",
