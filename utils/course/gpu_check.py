@@ -55,7 +55,7 @@ KEY_METRICS = {
     ("00_environment", "gpu_copy_gbps"): "device copy bandwidth, GB/s (read + write)",
     ("00_environment", "gpu_matmul_fp16_gflops"): "fp16 matmul, GFLOP/s",
     ("01_inference_modes", "gpu_vs_cpu_speedup"): "ResNet-50 inference, GPU over CPU",
-    ("02_graphs", "cuda_graph_speedup"): "CUDA graphs over eager launches (ResNet-18, batch 1)",
+    ("02_jit_compilers", "cuda_graph_speedup"): "CUDA graphs over eager launches (ResNet-18, batch 1)",
     ("03_profiling_amp", "gpu_amp_loop_speedup"): "fp16 AMP training loop over fp32",
     ("03_profiling_amp", "cudnn_benchmark_speedup"): "cudnn.benchmark over default",
     ("04_onnx_tensorrt", "ort_cuda_iobinding_speedup_vs_eager"): "ONNX Runtime CUDA (IO binding) over eager",
@@ -237,8 +237,12 @@ def summarize(device: dict, tests: dict | None, lessons: dict[str, dict], saniti
     key numbers, and what failed."""
     by_section = {}
     for prefix, ids in gpu_sections().items():
-        stem = next((s for s in lessons if s.startswith(prefix)), None)
+        parts = [s for s in lessons if s.startswith(prefix)]  # a lesson may be split into parts (02_graphs, 02_jit_...)
         for section in ids:
+            # the part that guards the section says so (ran or skipped); else the part that failed, else the first
+            stem = next((s for s in parts if section in lessons[s]["results"].get("ran", [])
+                         or section in lessons[s]["results"].get("skipped", {})),
+                        next((s for s in parts if not lessons[s]["ok"]), parts[0] if parts else None))
             if stem is None:
                 by_section[section] = {"status": "not run", "detail": "lesson not selected"}
                 continue
