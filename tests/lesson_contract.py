@@ -27,11 +27,15 @@ REQUIRED_METRICS = {
         "h5_reload_max_abs_diff", "keras_format_size_kb", "h5_size_kb", "savedmodel_size_kb",
     ],
     "02_graphs": [
+        # part 1, capturing a graph: trace vs script (section 2), torch.export (section 3)
         "trace_wrong_on_other_branch", "script_correct_both_branches", "export_cond_correct_both_branches",
+        "pytorch_jit0_debuggable",
+    ],
+    "02_jit_compilers": [
+        # part 2 of lesson 02, compiling graphs: torch.compile (section 5), freezing and the ResNet-50 comparison (6)
         "compile_graph_breaks_before", "compile_graph_breaks_after", "compile_speedup_resnet50",
         "freeze_speedup_resnet50", "tf_retraces_without_signature", "tf_retraces_with_signature", "xla_jit_speedup",
         "script_speedup_resnet50",  # the claims table's "TorchScript 10-30% faster"
-        "pytorch_jit0_debuggable",
         # torch.compile's one-time start-up in the process, apart from the MLP's own compile (its payback uses the latter)
         "compile_startup_first_call_s", "compile_mlp_first_call_s",
         # XLA on a CNN training step (section 8, TensorFlow-gated: excused in SECTION_METRICS["02.tf-function"])

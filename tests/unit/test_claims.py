@@ -58,7 +58,7 @@ def test_verdicts_follow_the_claimed_ranges():
                             "resnet50_int8_dynamic_size_ratio": 1.04, "keras_call_vs_predict_speedup": 12.0},
                 "skipped": {"01.gpu-speedup": "needs cuda: no CUDA GPU visible", "01.pinned-memory": "needs cuda: none"},
             },
-            "02_graphs": {"metrics": {"freeze_speedup_resnet50": 1.9}},
+            "02_jit_compilers": {"metrics": {"freeze_speedup_resnet50": 1.9}},
             "04_onnx_tensorrt": {"metrics": {"int8_size_ratio": 0.26, "int8_speedup": 2.99,
                                              "ort_speedup_vs_eager_bs8": 2.0},
                                  "anchors": {"ort_speedup_vs_eager_bs8": "1.8x BERT-base CPU"}},
@@ -87,21 +87,22 @@ def test_an_untested_claim_says_why_and_the_orca_claim_reads_the_scheduling_metr
 
 
 def test_an_interval_across_the_claimed_edge_is_undecided():
-    base = {"02_graphs": {"metrics": {"freeze_speedup_resnet50": 1.12}, "intervals": {"freeze_speedup_resnet50": [1.04, 1.2]}}}
+    base = {"02_jit_compilers": {"metrics": {"freeze_speedup_resnet50": 1.12},
+                                 "intervals": {"freeze_speedup_resnet50": [1.04, 1.2]}}}
     row = _by_id(claims.evaluate(_results(**base)))["torchscript-speedup"]
     assert row.verdict == "undecided" and "crosses" in row.reason and "[1.04-1.2]" in row.measured
-    base["02_graphs"]["intervals"]["freeze_speedup_resnet50"] = [1.2, 1.4]  # across the high edge: undecided too
+    base["02_jit_compilers"]["intervals"]["freeze_speedup_resnet50"] = [1.2, 1.4]  # across the high edge: undecided too
     assert _by_id(claims.evaluate(_results(**base)))["torchscript-speedup"].verdict == "undecided"
-    base["02_graphs"]["intervals"]["freeze_speedup_resnet50"] = [1.11, 1.2]
+    base["02_jit_compilers"]["intervals"]["freeze_speedup_resnet50"] = [1.11, 1.2]
     assert _by_id(claims.evaluate(_results(**base)))["torchscript-speedup"].verdict == "holds"
-    base["02_graphs"]["intervals"]["freeze_speedup_resnet50"] = [0.9, 1.12]
-    base["02_graphs"]["metrics"]["freeze_speedup_resnet50"] = 1.0
+    base["02_jit_compilers"]["intervals"]["freeze_speedup_resnet50"] = [0.9, 1.12]
+    base["02_jit_compilers"]["metrics"]["freeze_speedup_resnet50"] = 1.0
     assert _by_id(claims.evaluate(_results(**base)))["torchscript-speedup"].verdict == "undecided"
 
 
 def test_a_plain_torchscript_speedup_is_preferred_and_smoke_runs_say_so():
-    results = _results(**{"02_graphs": {"mode": "smoke", "metrics": {"script_speedup_resnet50": 1.15,
-                                                                      "freeze_speedup_resnet50": 1.9}}})
+    results = _results(**{"02_jit_compilers": {"mode": "smoke", "metrics": {"script_speedup_resnet50": 1.15,
+                                                                             "freeze_speedup_resnet50": 1.9}}})
     row = _by_id(claims.evaluate(results))["torchscript-speedup"]
     assert row.metric == "script_speedup_resnet50" and row.verdict == "holds"
     assert "smoke run" in row.reason
@@ -156,8 +157,9 @@ def test_evaluate_takes_the_results_dict_and_says_so():
 
 
 def test_for_lesson_picks_the_claims_a_lesson_measures():
-    ids = {c.id for c in claims.for_lesson("02_graphs")}
+    ids = {c.id for c in claims.for_lesson("02_jit_compilers")}
     assert ids == {"torchscript-speedup"}
+    assert claims.for_lesson("02_graphs") == ()  # part 1 of lesson 02 times nothing a claim reads
     assert claims.for_lesson("00_environment") == ()
 
 

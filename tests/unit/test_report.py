@@ -83,7 +83,7 @@ def test_record_before_init_is_a_clear_error(monkeypatch):
 
 
 def test_show_renders_metrics_claims_and_skips_the_same_way_for_every_lesson(build, capsys):
-    report.init("02_graphs")
+    report.init("02_jit_compilers")  # part 2 of lesson 02 records the TorchScript claim's metric
     report.record("script_speedup_resnet50", 1.2, unit="x", note="scripted vs eager", anchor="10-30% (source)")
     report.record_skip("02.cuda-graphs", "needs cuda: no GPU")
     capsys.readouterr()

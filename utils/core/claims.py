@@ -81,8 +81,8 @@ _000 = "practice projects (000)"
 CLAIMS: tuple[Claim, ...] = (
     Claim(
         "torchscript-speedup", "TorchScript: 10-30% faster inference", _004,
-        (("02_graphs", "script_speedup_resnet50"), ("02_graphs", "freeze_speedup_resnet50")), 1.10, 1.30,
-        also=(("02_graphs", "freeze_speedup_resnet50"), ("02_graphs", "compile_speedup_resnet50")),
+        (("02_jit_compilers", "script_speedup_resnet50"), ("02_jit_compilers", "freeze_speedup_resnet50")), 1.10, 1.30,
+        also=(("02_jit_compilers", "freeze_speedup_resnet50"), ("02_jit_compilers", "compile_speedup_resnet50")),
         explain="ResNet-50 scripted (and frozen + optimize_for_inference) vs eager, measured side by side",
     ),
     Claim(

@@ -25,7 +25,8 @@ __all__ = ["WORKSHOP_PLAN", "agenda", "update_agenda", "main"]
 WORKSHOP_PLAN: dict[str, tuple[int, int]] = {
     "00_environment": (15, 15),
     "01_inference_modes": (25, 25),
-    "02_graphs": (25, 25),
+    "02_graphs": (12, 25),  # part 1 of lesson 02, with its lab
+    "02_jit_compilers": (13, 0),  # part 2 of lesson 02: no lab of its own
     "03_profiling_amp": (20, 25),
     "04_onnx_tensorrt": (25, 25),
     "04_quantization": (20, 20),  # part 2 of lesson 04, with its lab

@@ -55,7 +55,7 @@ KEY_METRICS = {
     ("00_environment", "gpu_copy_gbps"): "device copy bandwidth, GB/s (read + write)",
     ("00_environment", "gpu_matmul_fp16_gflops"): "fp16 matmul, GFLOP/s",
     ("01_inference_modes", "gpu_vs_cpu_speedup"): "ResNet-50 inference, GPU over CPU",
-    ("02_graphs", "cuda_graph_speedup"): "CUDA graphs over eager launches (ResNet-18, batch 1)",
+    ("02_jit_compilers", "cuda_graph_speedup"): "CUDA graphs over eager launches (ResNet-18, batch 1)",
     ("03_profiling_amp", "gpu_amp_loop_speedup"): "fp16 AMP training loop over fp32",
     ("03_profiling_amp", "cudnn_benchmark_speedup"): "cudnn.benchmark over default",
     ("04_onnx_tensorrt", "ort_cuda_iobinding_speedup_vs_eager"): "ONNX Runtime CUDA (IO binding) over eager",

@@ -18,7 +18,8 @@ BANK_PATH = Path(__file__).resolve().parent / "bank.yaml"
 LESSON_TITLES = {
     "00_environment": "Your machine, measured",
     "01_inference_modes": "Inference modes",
-    "02_graphs": "Graphs: trace, script, export, compile",
+    "02_graphs": "Graphs: trace, script, export",
+    "02_jit_compilers": "Compiling graphs: torch.compile, freezing, XLA",
     "03_profiling_amp": "Profiling and mixed precision",
     "04_onnx_tensorrt": "ONNX and TensorRT",
     "04_quantization": "Quantization from the arithmetic up",
