@@ -24,7 +24,8 @@ __all__ = ["WORKSHOP_PLAN", "agenda", "update_agenda", "main"]
 # running the notebook come from the measured run times (runtime_s) in build/results.
 WORKSHOP_PLAN: dict[str, tuple[int, int]] = {
     "00_environment": (15, 15),
-    "01_inference_modes": (25, 25),
+    "01_inference_modes": (12, 0),  # part 1 of lesson 01: its lab comes after part 2
+    "01_serving_basics": (13, 25),  # part 2 of lesson 01, with the lesson's lab
     "02_graphs": (25, 25),
     "03_profiling_amp": (20, 25),
     "04_onnx_tensorrt": (25, 25),
