@@ -192,7 +192,7 @@ def test_agenda_uses_measured_run_times_and_marks_missing_ones(build, tmp_path):
     text = agenda.agenda(results)
     assert "| 09:00 | 00_environment" in text and "2 (full run, 95 s)" in text
     assert "60 (full run, 3600 s)" in text
-    assert "Not measured yet: 02_graphs" in text and "lunch" in text
+    assert "Not measured yet: 01_serving_basics, 02_graphs" in text and "lunch" in text  # lesson 01's part 2
     with pytest.raises(ValueError, match="09:00"):
         agenda.agenda(results, start="9am")
     guide = tmp_path / "guide.md"
