@@ -22,7 +22,7 @@ from utils.core import env
 # Capabilities lesson code reads without a section guard (a portable path chosen by the capability, not a skip).
 READS = {
     "00_environment": ("page_faults",),  # clone page faults (env.page_faults)
-    "01_inference_modes": ("glibc_malloc", "quantized_engine"),  # heap_bytes_held_by's source; dynamic int8's engine
+    "01_serving_basics": ("glibc_malloc", "quantized_engine"),  # heap_bytes_held_by's source; dynamic int8's engine
     "03_profiling_amp": ("page_faults",),  # allocator faults per step
     "04_onnx_tensorrt": ("quantized_engine", "page_faults"),  # MiniLM dynamic int8; ORT vs eager page faults
     "08_interview_prep": ("quantized_engine",),  # the dynamic-quantization proof in the interview bank

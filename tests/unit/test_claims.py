@@ -53,10 +53,11 @@ def test_claims_read_contracted_metrics_or_name_an_optional_section():
 def test_verdicts_follow_the_claimed_ranges():
     results = _results(
         **{
-            "01_inference_modes": {
+            "01_inference_modes": {"metrics": {}, "skipped": {"01.pinned-memory": "needs cuda: none"}},
+            "01_serving_basics": {
                 "metrics": {"resnet18_bs32_vs_bs1_throughput": 4.2, "first_call_over_steady": 3.0,
                             "resnet50_int8_dynamic_size_ratio": 1.04, "keras_call_vs_predict_speedup": 12.0},
-                "skipped": {"01.gpu-speedup": "needs cuda: no CUDA GPU visible", "01.pinned-memory": "needs cuda: none"},
+                "skipped": {"01.gpu-speedup": "needs cuda: no CUDA GPU visible"},
             },
             "02_jit_compilers": {"metrics": {"freeze_speedup_resnet50": 1.9}},
             "04_onnx_tensorrt": {"metrics": {"int8_size_ratio": 0.26, "int8_speedup": 2.99,
@@ -110,7 +111,7 @@ def test_a_plain_torchscript_speedup_is_preferred_and_smoke_runs_say_so():
 
 
 def test_a_lesson_that_ran_without_the_metric_or_with_text_is_explained():
-    results = _results(**{"01_inference_modes": {"metrics": {"first_call_over_steady": "fast"}}})
+    results = _results(**{"01_serving_basics": {"metrics": {"first_call_over_steady": "fast"}}})
     rows = _by_id(claims.evaluate(results))
     assert rows["first-inference"].verdict == "not measurable here" and "not a number" in rows["first-inference"].reason
     assert rows["batch-speedup"].verdict == "not run" and "did not record" in rows["batch-speedup"].reason
@@ -118,9 +119,9 @@ def test_a_lesson_that_ran_without_the_metric_or_with_text_is_explained():
 
 
 def test_dynamic_quantization_prefers_the_linear_heavy_model_and_shows_the_cnn():
-    results = _results(**{"01_inference_modes": {"metrics": {"minilm_int8_dynamic_size_ratio": 3.7,
-                                                             "resnet50_int8_dynamic_size_ratio": 1.04,
-                                                             "state_dict_over_whole_model_size": 0.98}}})
+    results = _results(**{"01_serving_basics": {"metrics": {"minilm_int8_dynamic_size_ratio": 3.7,
+                                                            "resnet50_int8_dynamic_size_ratio": 1.04}},
+                          "01_inference_modes": {"metrics": {"state_dict_over_whole_model_size": 0.98}}})
     rows = _by_id(claims.evaluate(results))
     row = rows["quantization-dynamic-size"]
     assert row.verdict == "holds" and row.metric == "minilm_int8_dynamic_size_ratio"
@@ -129,7 +130,8 @@ def test_dynamic_quantization_prefers_the_linear_heavy_model_and_shows_the_cnn()
 
 
 def test_gpu_claims_hold_when_a_gpu_lesson_recorded_them():
-    results = _results(**{"01_inference_modes": {"metrics": {"gpu_vs_cpu_speedup": 35.0, "h2d_copy_ms": 0.4}}})
+    results = _results(**{"01_serving_basics": {"metrics": {"gpu_vs_cpu_speedup": 35.0}},
+                          "01_inference_modes": {"metrics": {"h2d_copy_ms": 0.4}}})
     rows = _by_id(claims.evaluate(results))
     assert rows["gpu-speedup"].verdict == "holds"
     assert rows["transfer-latency"].verdict == "does not hold" and rows["transfer-latency"].measured.endswith("ms")
@@ -170,17 +172,17 @@ def build(monkeypatch, tmp_path):
 
 
 def test_report_md_and_html_carry_claims_tables_and_plots(build):
-    report.init("01_inference_modes")
+    report.init("01_serving_basics")
     report.record("resnet18_bs32_vs_bs1_throughput", 5.0, unit="x", anchor="3-10x (source)")
     (build / "figures").mkdir(exist_ok=True)
-    (build / "figures" / "01_inference_modes_plot.png").write_bytes(PNG)
-    data = json.loads((build / "results" / "01_inference_modes.json").read_text())
-    data["figures"] = ["figures/01_inference_modes_plot.png"]
-    (build / "results" / "01_inference_modes.json").write_text(json.dumps(data))
-    report.set_runtime("01_inference_modes", 61.0, "full")
+    (build / "figures" / "01_serving_basics_plot.png").write_bytes(PNG)
+    data = json.loads((build / "results" / "01_serving_basics.json").read_text())
+    data["figures"] = ["figures/01_serving_basics_plot.png"]
+    (build / "results" / "01_serving_basics.json").write_text(json.dumps(data))
+    report.set_runtime("01_serving_basics", 61.0, "full")
     md = render.render().read_text()
     assert "## Claims checked on this machine" in md and "| Batch inference: 3-10x" in md
-    assert "**holds**" in md and "![01_inference_modes_plot](figures/01_inference_modes_plot.png)" in md
+    assert "**holds**" in md and "![01_serving_basics_plot](figures/01_serving_basics_plot.png)" in md
     html = render.render_html().read_text()
     assert '<strong class="v-holds">holds</strong>' in html
     assert "data:image/png;base64," in html and 'src="figures/' not in html
@@ -192,7 +194,7 @@ def test_agenda_uses_measured_run_times_and_marks_missing_ones(build, tmp_path):
     text = agenda.agenda(results)
     assert "| 09:00 | 00_environment" in text and "2 (full run, 95 s)" in text
     assert "60 (full run, 3600 s)" in text
-    assert "Not measured yet: 02_graphs" in text and "lunch" in text
+    assert "Not measured yet: 01_serving_basics, 02_graphs" in text and "lunch" in text  # lesson 01's part 2
     with pytest.raises(ValueError, match="09:00"):
         agenda.agenda(results, start="9am")
     guide = tmp_path / "guide.md"

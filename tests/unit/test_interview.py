@@ -254,8 +254,8 @@ def test_recorded_values_come_from_the_results_file(monkeypatch, tmp_path):
     q = interview.get("batch-vs-single")
     assert "not run yet" in interview.recorded(q)["resnet18_bs32_vs_bs1_throughput"]
     (tmp_path / "results").mkdir()
-    (tmp_path / "results" / "01_inference_modes.json").write_text(json.dumps(
-        {"notebook": "01_inference_modes", "mode": "full", "metrics": {"resnet18_bs32_vs_bs1_throughput": 4.25},
+    (tmp_path / "results" / "01_serving_basics.json").write_text(json.dumps(
+        {"notebook": "01_serving_basics", "mode": "full", "metrics": {"resnet18_bs32_vs_bs1_throughput": 4.25},
          "units": {"resnet18_bs32_vs_bs1_throughput": "x"}}))
     assert interview.recorded(q)["resnet18_bs32_vs_bs1_throughput"] == "4.25 x (full run)"
 

@@ -88,14 +88,14 @@ CLAIMS: tuple[Claim, ...] = (
     Claim(
         "quantization-size", "Quantization: 4x smaller model", _004,
         (("04_onnx_tensorrt", "int8_size_ratio"),), 3.5, 4.5, kind="ratio",
-        also=(("01_inference_modes", "resnet50_int8_dynamic_size_ratio"),),
+        also=(("01_serving_basics", "resnet50_int8_dynamic_size_ratio"),),
         explain="ONNX Runtime static int8 vs fp32 files; lesson 01's dynamic quantization of ResNet-50 shown beside it",
     ),
     Claim(
         "quantization-dynamic-size", "Quantization: 4x smaller (PyTorch dynamic int8)", _004,
-        (("01_inference_modes", "minilm_int8_dynamic_size_ratio"),
-         ("01_inference_modes", "resnet50_int8_dynamic_size_ratio")), 3.5, 4.5, kind="ratio",
-        also=(("01_inference_modes", "resnet50_int8_dynamic_size_ratio"),),
+        (("01_serving_basics", "minilm_int8_dynamic_size_ratio"),
+         ("01_serving_basics", "resnet50_int8_dynamic_size_ratio")), 3.5, 4.5, kind="ratio",
+        also=(("01_serving_basics", "resnet50_int8_dynamic_size_ratio"),),
         explain="quantize_dynamic converts nn.Linear layers: MiniLM (mostly Linear) vs ResNet-50, whose convolutions "
         "stay fp32",
     ),
@@ -114,17 +114,17 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         "batch-speedup", "Batch inference: 3-10x faster than single inference", _004,
-        (("01_inference_modes", "resnet18_bs32_vs_bs1_throughput"),), 3.0, 10.0,
+        (("01_serving_basics", "resnet18_bs32_vs_bs1_throughput"),), 3.0, 10.0,
         explain="ResNet-18 throughput at batch 32 over batch 1",
     ),
     Claim(
         "first-inference", "First inference: 10-100x slower than steady state", _004,
-        (("01_inference_modes", "first_call_over_steady"),), 10.0, 100.0,
+        (("01_serving_basics", "first_call_over_steady"),), 10.0, 100.0,
         explain="first call in a fresh model vs the median of warmed-up calls",
     ),
     Claim(
         "gpu-speedup", "GPU inference: 10-100x faster (large models)", _004,
-        (("01_inference_modes", "gpu_vs_cpu_speedup"), ("01_inference_modes", "gpu_speedup")), 10.0, 100.0,
+        (("01_serving_basics", "gpu_vs_cpu_speedup"), ("01_serving_basics", "gpu_speedup")), 10.0, 100.0,
         section="01.gpu-speedup", explain="the same model and batch on the GPU vs this CPU",
     ),
     Claim(
@@ -140,7 +140,7 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         "keras-call-vs-predict", "Keras: model(x) is faster than model.predict(x) for small batches", _004,
-        (("01_inference_modes", "keras_call_vs_predict_speedup"),), 1.0, None,
+        (("01_serving_basics", "keras_call_vs_predict_speedup"),), 1.0, None,
         explain="direct call vs predict() on one small batch",
     ),
     Claim(

@@ -24,7 +24,8 @@ __all__ = ["WORKSHOP_PLAN", "agenda", "update_agenda", "main"]
 # running the notebook come from the measured run times (runtime_s) in build/results.
 WORKSHOP_PLAN: dict[str, tuple[int, int]] = {
     "00_environment": (15, 15),
-    "01_inference_modes": (25, 25),
+    "01_inference_modes": (12, 0),  # part 1 of lesson 01: its lab comes after part 2
+    "01_serving_basics": (13, 25),  # part 2 of lesson 01, with the lesson's lab
     "02_graphs": (12, 25),  # part 1 of lesson 02, with its lab
     "02_jit_compilers": (13, 0),  # part 2 of lesson 02: no lab of its own
     "03_profiling_amp": (20, 25),

@@ -18,6 +18,7 @@ BANK_PATH = Path(__file__).resolve().parent / "bank.yaml"
 LESSON_TITLES = {
     "00_environment": "Your machine, measured",
     "01_inference_modes": "Inference modes",
+    "01_serving_basics": "Warm-up, batching, Keras and model files",
     "02_graphs": "Graphs: trace, script, export",
     "02_jit_compilers": "Compiling graphs: torch.compile, freezing, XLA",
     "03_profiling_amp": "Profiling and mixed precision",
