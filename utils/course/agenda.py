@@ -26,7 +26,8 @@ WORKSHOP_PLAN: dict[str, tuple[int, int]] = {
     "00_environment": (15, 15),
     "01_inference_modes": (25, 25),
     "02_graphs": (25, 25),
-    "03_profiling_amp": (20, 25),
+    "03_profiling_amp": (12, 25),
+    "03_training_bound": (8, 0),  # part 2 of lesson 03: the lab is part 1's
     "04_onnx_tensorrt": (25, 25),
     "04_quantization": (20, 20),  # part 2 of lesson 04, with its lab
     "05_triton_ensemble": (20, 20),
