@@ -219,14 +219,14 @@ def test_agenda_plans_with_a_clones_first_run_and_quotes_the_warm_one(build):
 
 def test_the_amp_claim_says_whether_the_hardware_prediction_held():
     base = {"amp_speedup_128px": 0.09, "amp_layer_probe_ratio": 0.05}
-    slow = _results(**{"03_profiling_amp": {"metrics": {"amp_speedup": 0.08, "amp_prediction": "slower",
-                                                        "amp_prediction_held": True, **base}}})
+    slow = _results(**{"03_training_bound": {"metrics": {"amp_speedup": 0.08, "amp_prediction": "slower",
+                                                         "amp_prediction_held": True, **base}}})
     row = _by_id(claims.evaluate(slow))["amp-training-speedup"]
     assert row.verdict == "does not hold"
     assert "predicted from this machine's hardware before measuring: slower" in row.reason and "held" in row.reason
-    missed = _results(**{"03_profiling_amp": {"metrics": {"amp_speedup": 1.02, "amp_prediction": "faster",
-                                                          "amp_prediction_held": False}}})
+    missed = _results(**{"03_training_bound": {"metrics": {"amp_speedup": 1.02, "amp_prediction": "faster",
+                                                           "amp_prediction_held": False}}})
     assert "did not hold" in _by_id(claims.evaluate(missed))["amp-training-speedup"].reason
-    fast = _results(**{"03_profiling_amp": {"metrics": {"amp_speedup": 1.4}}})
+    fast = _results(**{"03_training_bound": {"metrics": {"amp_speedup": 1.4}}})
     row = _by_id(claims.evaluate(fast))["amp-training-speedup"]
     assert row.verdict == "holds" and "predicted" not in row.reason

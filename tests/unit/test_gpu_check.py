@@ -105,6 +105,22 @@ def test_summary_finds_each_section_in_the_part_of_its_lesson_that_ran_it():
     assert s["01.pinned-memory"]["status"] == "ran"
 
 
+def test_summary_reads_each_section_from_the_part_of_the_lesson_that_runs_it():
+    lessons = {
+        "03_profiling_amp": {"ok": True, "seconds": 30, "error": None,
+                             "results": {"ran": ["03.keep-freed-memory"], "skipped": {}, "metrics": {}}},
+        "03_training_bound": {"ok": True, "seconds": 40, "error": None,
+                              "results": {"ran": ["03.gpu-amp"], "skipped": {"03.nsight": "needs cuda: none"},
+                                          "metrics": {"gpu_amp_loop_speedup": 1.9}}},
+    }
+    doc = gpu_check.summarize({"gpu": "test"}, None, lessons)
+    s = doc["sections"]
+    assert s["03.gpu-amp"]["status"] == "ran"
+    assert s["03.nsight"] == {"status": "skipped", "detail": "needs cuda: none"}
+    assert s["03.cudnn-benchmark"]["status"] == "not run"  # neither part reached it
+    assert doc["key_numbers"]["03_training_bound.gpu_amp_loop_speedup"]["value"] == 1.9
+
+
 def test_run_tests_counts_passes_failures_and_skip_reasons(tmp_path):
     probe = tmp_path / "test_probe.py"
     probe.write_text("import pytest\n\ndef test_ok():\n    pass\n\ndef test_bad():\n    assert 1 == 2, 'wrong'\n\n"

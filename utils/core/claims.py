@@ -168,11 +168,11 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         "amp-training-speedup", "Automatic mixed precision makes a training step faster", _000,
-        (("03_profiling_amp", "amp_speedup"),), 1.10, None,  # 1.10: utils.training.precision.FASTER
-        also=(("03_profiling_amp", "amp_speedup_128px"), ("03_profiling_amp", "amp_layer_probe_ratio")),
+        (("03_training_bound", "amp_speedup"),), 1.10, None,  # 1.10: utils.training.precision.FASTER
+        also=(("03_training_bound", "amp_speedup_128px"), ("03_training_bound", "amp_layer_probe_ratio")),
         explain="ResNet-50 training step with autocast (bf16 on a CPU, fp16 + GradScaler on a GPU) vs fp32, side by "
         "side; it pays only where the hardware has fast 16-bit units",
-        prediction=(("03_profiling_amp", "amp_prediction"), ("03_profiling_amp", "amp_prediction_held")),
+        prediction=(("03_training_bound", "amp_prediction"), ("03_training_bound", "amp_prediction_held")),
     ),
 )
 

@@ -28,7 +28,8 @@ WORKSHOP_PLAN: dict[str, tuple[int, int]] = {
     "01_serving_basics": (13, 25),  # part 2 of lesson 01, with the lesson's lab
     "02_graphs": (12, 25),  # part 1 of lesson 02, with its lab
     "02_jit_compilers": (13, 0),  # part 2 of lesson 02: no lab of its own
-    "03_profiling_amp": (20, 25),
+    "03_profiling_amp": (12, 25),
+    "03_training_bound": (8, 0),  # part 2 of lesson 03: the lab is part 1's
     "04_onnx_tensorrt": (25, 25),
     "04_quantization": (20, 20),  # part 2 of lesson 04, with its lab
     "05_triton_ensemble": (10, 20),  # part 1 of lesson 05, with its lab (a config by hand, batching tuned)
