@@ -27,8 +27,9 @@ WORKSHOP_PLAN: dict[str, tuple[int, int]] = {
     "01_inference_modes": (25, 25),
     "02_graphs": (25, 25),
     "03_profiling_amp": (20, 25),
-    "04_onnx_tensorrt": (25, 25),
-    "04_quantization": (20, 20),  # part 2 of lesson 04, with its lab
+    "04_onnx_tensorrt": (15, 0),  # part 1 of lesson 04: its lab comes after part 2
+    "04_porting": (10, 25),  # part 2 of lesson 04, with the lab of parts 1 and 2
+    "04_quantization": (20, 20),  # part 3 of lesson 04, with its lab
     "05_triton_ensemble": (20, 20),
     "06_fused_softmax": (20, 25),
     "06_numerics": (15, 0),  # part 2 of lesson 06: no lab of its own

@@ -59,7 +59,7 @@ KEY_METRICS = {
     ("03_profiling_amp", "gpu_amp_loop_speedup"): "fp16 AMP training loop over fp32",
     ("03_profiling_amp", "cudnn_benchmark_speedup"): "cudnn.benchmark over default",
     ("04_onnx_tensorrt", "ort_cuda_iobinding_speedup_vs_eager"): "ONNX Runtime CUDA (IO binding) over eager",
-    ("04_onnx_tensorrt", "trt_fp16_speedup_vs_eager"): "TensorRT fp16 over eager",
+    ("04_porting", "trt_fp16_speedup_vs_eager"): "TensorRT fp16 over eager",
     ("05_triton_ensemble", "gpu_throughput_rps_batching"): "Triton with a GPU encoder, req/s",
     ("06_fused_softmax", "gpu_softmax_fraction_of_copy_bw"): "CUDA softmax, fraction of the device's copy bandwidth",
     ("06_fused_softmax", "cuda_parity_max_abs_fp32"): "CUDA softmax parity, max |error| vs torch",
@@ -237,11 +237,15 @@ def summarize(device: dict, tests: dict | None, lessons: dict[str, dict], saniti
     key numbers, and what failed."""
     by_section = {}
     for prefix, ids in gpu_sections().items():
-        stem = next((s for s in lessons if s.startswith(prefix)), None)
+        parts = [s for s in lessons if s.startswith(prefix)]  # a lesson in parts (04_onnx_tensorrt, 04_porting, ...)
         for section in ids:
-            if stem is None:
+            if not parts:
                 by_section[section] = {"status": "not run", "detail": "lesson not selected"}
                 continue
+            # the part that ran or skipped the section; else a part that failed (it may have died before the section)
+            reached = [s for s in parts if section in lessons[s]["results"].get("ran", [])
+                       or section in lessons[s]["results"].get("skipped", {})]
+            stem = next(iter(reached), next((s for s in parts if not lessons[s]["ok"]), parts[0]))
             entry = lessons[stem]
             skipped = entry["results"].get("skipped", {})
             if section in skipped:
