@@ -24,7 +24,8 @@ READS = {
     "00_environment": ("page_faults",),  # clone page faults (env.page_faults)
     "01_serving_basics": ("glibc_malloc", "quantized_engine"),  # heap_bytes_held_by's source; dynamic int8's engine
     "03_profiling_amp": ("page_faults",),  # allocator faults per step
-    "04_onnx_tensorrt": ("quantized_engine", "page_faults"),  # MiniLM dynamic int8; ORT vs eager page faults
+    "04_onnx_tensorrt": ("page_faults",),  # ORT vs eager page faults
+    "04_porting": ("quantized_engine",),  # MiniLM dynamic int8
     "08_interview_prep": ("quantized_engine",),  # the dynamic-quantization proof in the interview bank
 }
 

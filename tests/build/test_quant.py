@@ -1,4 +1,4 @@
-"""utils.quantization (lesson 04, part 2) and lab 04q's checks: the affine mapping, the integer matmul, fake
+"""utils.quantization (lesson 04, part 3) and lab 04q's checks: the affine mapping, the integer matmul, fake
 quantization, calibration with ONNX Runtime, group-wise 4-bit (RTN, GPTQ, AWQ) and SmoothQuant."""
 
 import math

@@ -35,8 +35,10 @@ def test_summary_reads_what_each_lesson_recorded():
         "02_jit_compilers": {"ok": True, "seconds": 30, "error": None,
                              "results": {"ran": ["02.cuda-graphs"], "skipped": {}, "metrics": {"cuda_graph_speedup": 2.5}}},
         "04_onnx_tensorrt": {"ok": True, "seconds": 50, "error": None,
-                             "results": {"ran": ["04.ort-cuda"], "skipped": {"04.tensorrt": "needs tensorrt: absent"},
-                                         "metrics": {}}},
+                             "results": {"ran": ["04.ort-cuda"], "skipped": {}, "metrics": {}}},
+        "04_porting": {"ok": True, "seconds": 40, "error": None,  # part 2 of lesson 04 holds the TensorRT sections
+                       "results": {"ran": [], "skipped": {"04.tensorrt": "needs tensorrt: absent"},
+                                   "metrics": {"trt_fp16_speedup_vs_eager": 3.0}}},
         "06_fused_softmax": {"ok": False, "seconds": 9, "error": "06_fused_softmax.ipynb failed in cell 45\nmore",
                              "results": {"ran": ["06.cuda-compile-check"], "skipped": {}, "metrics": {}}},
     }
@@ -44,6 +46,9 @@ def test_summary_reads_what_each_lesson_recorded():
     s = doc["sections"]
     assert s["02.cuda-graphs"]["status"] == "ran"
     assert s["04.tensorrt"] == {"status": "skipped", "detail": "needs tensorrt: absent"}
+    assert s["04.ort-cuda"]["status"] == "ran"  # part 1's section, read from part 1's results
+    assert s["04.trt-plugin"]["status"] == "not run"  # neither part reached it
+    assert doc["key_numbers"]["04_porting.trt_fp16_speedup_vs_eager"]["value"] == 3.0
     assert s["06.cuda-kernel"] == {"status": "failed", "detail": "06_fused_softmax.ipynb failed in cell 45"}
     assert s["06.cuda-compile-check"]["status"] == "ran, lesson failed"
     assert s["00.gpu-probe"]["status"] == "not run"

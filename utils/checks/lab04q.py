@@ -1,4 +1,4 @@
-"""Checks for labs/04_quantization_lab.ipynb (lesson 04, part 2: the affine mapping and an int8 linear layer).
+"""Checks for labs/04_quantization_lab.ipynb (lesson 04, part 3: the affine mapping and an int8 linear layer).
 
 The learner writes choose_qparams(xmin, xmax, qmin, qmax), quantize(x, scale, zero_point, qmin, qmax),
 dequantize(q, scale, zero_point) and int8_linear(qx, zx, sx, qw, sw, bias, s_out, z_out). Every result is integer

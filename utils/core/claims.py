@@ -101,9 +101,9 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         "quantization-speed", "Quantization: 2-4x faster", _004,
-        (("04_onnx_tensorrt", "int8_speedup"),), 2.0, 4.0,
-        also=(("04_onnx_tensorrt", "digits_int8_accuracy_drop"),
-              ("04_onnx_tensorrt", "ort_dynamic_int8_bert_min_cosine"), ("07_llm_inference", "int8_decode_speedup"), ("07_llm_inference", "int8_fp32_activations_over_bf16")),
+        (("04_porting", "int8_speedup"),), 2.0, 4.0,
+        also=(("04_porting", "digits_int8_accuracy_drop"),
+              ("04_porting", "ort_dynamic_int8_bert_min_cosine"), ("07_llm_inference", "int8_decode_speedup"), ("07_llm_inference", "int8_fp32_activations_over_bf16")),
         explain="the verdict is for static W8A8 int8 in ONNX Runtime vs fp32 (same batch, same session options) only; "
         "weight-only int8 is a different method: lesson 07 times it on an LLM decode step against bf16 "
         "(int8_decode_speedup), and with fp32 activations, which ATen's x86 int8 kernel runs in a scalar loop. "

@@ -30,8 +30,9 @@ WORKSHOP_PLAN: dict[str, tuple[int, int]] = {
     "02_jit_compilers": (13, 0),  # part 2 of lesson 02: no lab of its own
     "03_profiling_amp": (12, 25),
     "03_training_bound": (8, 0),  # part 2 of lesson 03: the lab is part 1's
-    "04_onnx_tensorrt": (25, 25),
-    "04_quantization": (20, 20),  # part 2 of lesson 04, with its lab
+    "04_onnx_tensorrt": (15, 0),  # part 1 of lesson 04: its lab comes after part 2
+    "04_porting": (10, 25),  # part 2 of lesson 04, with the lab of parts 1 and 2
+    "04_quantization": (20, 20),  # part 3 of lesson 04, with its lab
     "05_triton_ensemble": (10, 20),  # part 1 of lesson 05, with its lab (a config by hand, batching tuned)
     "05_triton_under_load": (10, 0),  # part 2 of lesson 05: no lab of its own
     "06_fused_softmax": (14, 25),  # part 1 of lesson 06, with its lab (whose Triton task part 2 teaches)

@@ -1,4 +1,4 @@
-"""Quantization from the arithmetic up (lesson 04, part 2: notebooks/04_quantization.ipynb).
+"""Quantization from the arithmetic up (lesson 04, part 3: notebooks/04_quantization.ipynb).
 
 One module per concern, each using utils.core (and calibrate, part 1's utils.conversion.onnx_tools: the same
 lesson's layer):

@@ -1,4 +1,4 @@
-"""The affine mapping real <-> integer, the integer matmul and fake quantization (lesson 04, part 2, sections 1 and 3).
+"""The affine mapping real <-> integer, the integer matmul and fake quantization (lesson 04, part 3, sections 1 and 3).
 
 ``x ≈ scale * (q - zero_point)`` with q an integer in [qmin, qmax]. Per-tensor: one scale and zero point; per-channel:
 one per row (``dim=0``) or column, given as tensors that broadcast against x. The functions here are what the lesson

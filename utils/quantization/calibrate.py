@@ -1,4 +1,4 @@
-"""Activation ranges chosen by ONNX Runtime's calibrators (lesson 04, part 2, section 2).
+"""Activation ranges chosen by ONNX Runtime's calibrators (lesson 04, part 3, section 2).
 
 Static quantization must fix each activation's range before it sees real traffic: it runs calibration batches through
 the float model and summarises every tensor's values. MinMax keeps the extremes; Percentile cuts a share of the

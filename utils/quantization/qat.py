@@ -1,4 +1,4 @@
-"""Post-training quantization (PTQ) against quantization-aware training (QAT) (lesson 04, part 2, section 3).
+"""Post-training quantization (PTQ) against quantization-aware training (QAT) (lesson 04, part 3, section 3).
 
 Both use the same fake-quantized layer: weights symmetric per output channel, the input activation asymmetric per
 tensor with a range from an observer. PTQ calibrates the observers on a few batches and stops; QAT then keeps

@@ -1,4 +1,4 @@
-"""Weight-only 4-bit group-wise quantization of a transformer's Linear layers (lesson 04, part 2, section 4), and
+"""Weight-only 4-bit group-wise quantization of a transformer's Linear layers (lesson 04, part 3, section 4), and
 SmoothQuant's scale migration for W8A8 (section 5).
 
 Group-wise: each row of W [out, in] is cut into groups of `group` input columns; each group gets its own scale and
