@@ -103,7 +103,7 @@ CLAIMS: tuple[Claim, ...] = (
         "quantization-speed", "Quantization: 2-4x faster", _004,
         (("04_onnx_tensorrt", "int8_speedup"),), 2.0, 4.0,
         also=(("04_onnx_tensorrt", "digits_int8_accuracy_drop"),
-              ("04_onnx_tensorrt", "ort_dynamic_int8_bert_min_cosine"), ("07_llm_inference", "int8_decode_speedup"), ("07_llm_inference", "int8_fp32_activations_over_bf16")),
+              ("04_onnx_tensorrt", "ort_dynamic_int8_bert_min_cosine"), ("07_llm_scheduling", "int8_decode_speedup"), ("07_llm_scheduling", "int8_fp32_activations_over_bf16")),
         explain="the verdict is for static W8A8 int8 in ONNX Runtime vs fp32 (same batch, same session options) only; "
         "weight-only int8 is a different method: lesson 07 times it on an LLM decode step against bf16 "
         "(int8_decode_speedup), and with fp32 activations, which ATen's x86 int8 kernel runs in a scalar loop. "
@@ -151,8 +151,8 @@ CLAIMS: tuple[Claim, ...] = (
     Claim(
         "iteration-level-scheduling", "Iteration-level (continuous) scheduling serves more than request-level batching",
         "Orca (OSDI 2022)",
-        (("07_llm_inference", "continuous_vs_static_throughput"),), 1.05, None,
-        also=(("07_llm_inference", "static_padding_waste_fraction"),),
+        (("07_llm_scheduling", "continuous_vs_static_throughput"),), 1.05, None,
+        also=(("07_llm_scheduling", "static_padding_waste_fraction"),),
         explain="iteration-level vs request-level (static) scheduling: the same engine, contiguous KV slots and "
         "arrival trace; no paging is involved",
     ),
@@ -160,7 +160,7 @@ CLAIMS: tuple[Claim, ...] = (
         "paged-kv-serving", "Continuous batching with a paged KV cache: 2-4x the serving throughput",
         "vLLM PagedAttention paper (SOSP 2023)",
         (("07_llm_inference", "paged_serving_throughput_gain"),), 2.0, 4.0,
-        also=(("07_llm_inference", "paged_capacity_gain"),),
+        also=(("07_llm_scheduling", "paged_capacity_gain"),),
         explain="vLLM's 2-4x is against Orca (already iteration-level) at the same latency, from fitting more "
         "sequences into the same KV memory",
         untested="lesson 07's serving loop runs on contiguous KV slots: paging is counted (paged_capacity_gain, "

@@ -26,6 +26,7 @@ LESSON_TITLES = {
     "06_fused_softmax": "A fused softmax kernel",
     "06_numerics": "Numerics: long sums and batch invariance",
     "07_llm_inference": "Inside LLM inference",
+    "07_llm_scheduling": "Many sequences, one engine: batching, paged KV, int8",
     "07_llm_serving": "Serving techniques for LLMs",
     "08_interview_prep": "Interview prep",
 }
