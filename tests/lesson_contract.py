@@ -127,9 +127,7 @@ REQUIRED_METRICS = {
         "kv_cache_speedup_at_max_len", "kv_cache_token_parity", "kv_cache_logit_parity", "kv_cache_bytes_per_token",
         # FlashAttention in the Triton language, in the interpreter (excused in SECTION_METRICS["07.triton-flash-attention"])
         "triton_flash_attention_parity_max_abs", "triton_flash_attention_bytes_ratio",
-        "tiled_attention_parity_max_abs", "attention_naive_over_tiled_peak_memory", "continuous_vs_static_throughput",
-        "serving_all_tokens_correct", "static_padding_waste_fraction", "kv_paged_waste_fraction",
-        "int8_weight_size_ratio", "int8_logit_max_rel_diff", "decode_fraction_of_memory_bound",
+        "tiled_attention_parity_max_abs", "attention_naive_over_tiled_peak_memory", "decode_fraction_of_memory_bound",
         "prefill_over_decode_tokens_per_s",
     ],
     "07_llm_tuning": [

@@ -1,4 +1,4 @@
-"""LLM serving techniques on lesson 07's engine (lesson 07, part 2: notebooks/07_llm_serving.ipynb).
+"""LLM serving techniques on lesson 07's engine (lesson 07, part 3: notebooks/07_llm_serving.ipynb).
 
 The notebook prints the parts it teaches from this file:
 
@@ -67,7 +67,7 @@ def forward_positions(model: TinyGPT, tokens: torch.Tensor, cache: KVCache) -> t
 
 
 class BlockAllocator:
-    """Physical KV blocks (lesson 07, part 2): reference counts, a free list and a prefix table.
+    """Physical KV blocks (lesson 07, part 3): reference counts, a free list and a prefix table.
 
     allocate() hands out a free block (oldest freed first, so a cached block is evicted as late as possible);
     release() drops one reference and frees the block at zero. A full block holding a prompt's tokens can be entered
@@ -140,7 +140,7 @@ class BlockAllocator:
 
 
 class PagedEngine(Engine):
-    """Lesson 07's Engine on a paged KV cache (lesson 07, part 2): ``num_blocks`` blocks of ``block_size`` positions
+    """Lesson 07's Engine on a paged KV cache (lesson 07, part 3): ``num_blocks`` blocks of ``block_size`` positions
     per layer, shared by up to ``max_seqs`` sequences, each with a block table (its logical blocks -> physical blocks).
 
     prefill(slot, request), decode(slots), release(slot), free_slots(), clock and wait_until() behave as in
@@ -368,7 +368,7 @@ def paged_logits_max_diff(model: TinyGPT, seqs: Sequence[torch.Tensor], prompt_l
 
     Sequence i is prefilled with seqs[i][:prompt_lens[i]] into slot i (in order: with prefix_cache a later one can
     hit the blocks of an earlier one), then all sequences are decoded together, teacher-forced with their own tokens
-    (ragged lengths: a sequence leaves the batch at its end). Returns (max abs diff, the engine) (lesson 07, part 2).
+    (ragged lengths: a sequence leaves the batch at its end). Returns (max abs diff, the engine) (lesson 07, part 3).
     `engine_cls`: a PagedEngine subclass to check instead (the tests feed it one that reads its blocks out of order).
     """
     if len(seqs) != len(prompt_lens) or not seqs:
@@ -398,7 +398,7 @@ def paged_logits_max_diff(model: TinyGPT, seqs: Sequence[torch.Tensor], prompt_l
 
 def batch_under_demand(engine, requests: Sequence[Request]) -> float:
     """Mean sequences per decode step over the steps taken while some request had arrived but not yet started (no
-    first token yet): the batch an engine forms when demand exceeds what it holds, its capacity (lesson 07, part 2).
+    first token yet): the batch an engine forms when demand exceeds what it holds, its capacity (lesson 07, part 3).
     Works for utils.llm.Engine and PagedEngine alike (a preempted request waiting again is not counted)."""
     spans = [(r.arrival, r.t_first) for r in requests if r.t_first is not None]
     sizes = [n for kind, n, start, _ in engine.steps
@@ -432,7 +432,7 @@ def _check_pair(target: TinyGPT, draft: TinyGPT, k: int) -> None:
 @torch.inference_mode()
 def speculative_greedy(target: TinyGPT, draft: TinyGPT, prompt: torch.Tensor, n_new: int, k: int = 4,
                        stats: dict | None = None) -> list[int]:
-    """Greedy speculative decoding (lesson 07, part 2): the draft proposes k tokens one cheap step at a time, the
+    """Greedy speculative decoding (lesson 07, part 3): the draft proposes k tokens one cheap step at a time, the
     target scores all of them in ONE pass, the longest run that matches the target's own choices is kept, plus the
     target's token after it. Every kept token is the target's greedy choice, so the output is the target's greedy
     output. `stats` (a dict) receives rounds, proposed and accepted counts.
@@ -470,7 +470,7 @@ def speculative_greedy(target: TinyGPT, draft: TinyGPT, prompt: torch.Tensor, n_
 @torch.inference_mode()
 def speculative_sample_round(target: TinyGPT, draft: TinyGPT, prefix: torch.Tensor, k: int,
                              generator: torch.Generator, *, resample_from: str = "residual"):
-    """One round of speculative sampling for N rows at once (lesson 07, part 2; Leviathan et al. 2023, Chen et al.
+    """One round of speculative sampling for N rows at once (lesson 07, part 3; Leviathan et al. 2023, Chen et al.
     2023). prefix [N, T]. Returns (tokens [N, k + 1], counts [N]): row r emitted tokens[r, :counts[r]].
 
     The draft samples x_i ~ q_i; the target gives p_i after each prefix in one pass. Guess i is accepted with

@@ -1,4 +1,4 @@
-"""utils.llm_serving (lesson 07, part 2): paged serving, prefix caching with copy-on-write, speculative decoding."""
+"""utils.llm_serving (lesson 07, part 3): paged serving, prefix caching with copy-on-write, speculative decoding."""
 
 import math
 

@@ -88,7 +88,7 @@ def test_verdicts_follow_the_claimed_ranges():
 
 
 def test_an_untested_claim_says_why_and_the_orca_claim_reads_the_scheduling_metric():
-    rows = _by_id(claims.evaluate(_results(**{"07_llm_inference": {"metrics": {"continuous_vs_static_throughput": 2.1}}})))
+    rows = _by_id(claims.evaluate(_results(**{"07_llm_scheduling": {"metrics": {"continuous_vs_static_throughput": 2.1}}})))
     assert rows["paged-kv-serving"].verdict == "not measurable here" and "not tested" in rows["paged-kv-serving"].reason
     assert rows["iteration-level-scheduling"].verdict == "holds"
 

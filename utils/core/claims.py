@@ -151,8 +151,8 @@ CLAIMS: tuple[Claim, ...] = (
     Claim(
         "iteration-level-scheduling", "Iteration-level (continuous) scheduling serves more than request-level batching",
         "Orca (OSDI 2022)",
-        (("07_llm_inference", "continuous_vs_static_throughput"),), 1.05, None,
-        also=(("07_llm_inference", "static_padding_waste_fraction"),),
+        (("07_llm_scheduling", "continuous_vs_static_throughput"),), 1.05, None,
+        also=(("07_llm_scheduling", "static_padding_waste_fraction"),),
         explain="iteration-level vs request-level (static) scheduling: the same engine, contiguous KV slots and "
         "arrival trace; no paging is involved",
     ),
@@ -160,7 +160,7 @@ CLAIMS: tuple[Claim, ...] = (
         "paged-kv-serving", "Continuous batching with a paged KV cache: 2-4x the serving throughput",
         "vLLM PagedAttention paper (SOSP 2023)",
         (("07_llm_inference", "paged_serving_throughput_gain"),), 2.0, 4.0,
-        also=(("07_llm_inference", "paged_capacity_gain"),),
+        also=(("07_llm_scheduling", "paged_capacity_gain"),),
         explain="vLLM's 2-4x is against Orca (already iteration-level) at the same latency, from fitting more "
         "sequences into the same KV memory",
         untested="lesson 07's serving loop runs on contiguous KV slots: paging is counted (paged_capacity_gain, "

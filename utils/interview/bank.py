@@ -32,6 +32,7 @@ LESSON_TITLES = {
     "06_gpu_kernels_triton": "GPU kernels in the Triton language",
     "06_numerics": "Numerics: long sums and batch invariance",
     "07_llm_inference": "Inside LLM inference",
+    "07_llm_scheduling": "Many sequences, one engine: batching, paged KV, int8",
     "07_llm_serving": "Serving techniques for LLMs",
     "07_llm_tuning": "Latency under load: chunked prefill, int8 KV cache",
     "08_interview_prep": "Interview prep",
