@@ -130,6 +130,11 @@ REQUIRED_METRICS = {
         "tiled_attention_parity_max_abs", "attention_naive_over_tiled_peak_memory", "decode_fraction_of_memory_bound",
         "prefill_over_decode_tokens_per_s",
     ],
+    "07_llm_scheduling": [
+        # static vs continuous batching (section 1, with the paged KV blocks counted) and weight-only int8 (section 2)
+        "continuous_vs_static_throughput", "serving_all_tokens_correct", "static_padding_waste_fraction",
+        "kv_paged_waste_fraction", "int8_weight_size_ratio", "int8_logit_max_rel_diff",
+    ],
     "07_llm_tuning": [
         # chunked prefill under a per-step token budget (section 1), an int8 KV cache (section 2)
         "chunked_prefill_itl_p95_ratio", "chunked_prefill_itl_max_ratio", "chunked_prefill_prediction_held",

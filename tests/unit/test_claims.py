@@ -59,14 +59,8 @@ def test_verdicts_follow_the_claimed_ranges():
                             "resnet50_int8_dynamic_size_ratio": 1.04, "keras_call_vs_predict_speedup": 12.0},
                 "skipped": {"01.gpu-speedup": "needs cuda: no CUDA GPU visible"},
             },
-<<<<<<< HEAD
             "02_jit_compilers": {"metrics": {"freeze_speedup_resnet50": 1.9}},
-            "04_onnx_tensorrt": {"metrics": {"int8_size_ratio": 0.26, "int8_speedup": 2.99,
-                                             "ort_speedup_vs_eager_bs8": 2.0},
-=======
-            "02_graphs": {"metrics": {"freeze_speedup_resnet50": 1.9}},
             "04_onnx_tensorrt": {"metrics": {"ort_speedup_vs_eager_bs8": 2.0},
->>>>>>> split-04
                                  "anchors": {"ort_speedup_vs_eager_bs8": "1.8x BERT-base CPU"}},
             "04_porting": {"metrics": {"int8_size_ratio": 0.26, "int8_speedup": 2.99}},
         }

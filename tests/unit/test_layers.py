@@ -16,15 +16,9 @@ ROOT = env.repo_root()
 LESSON_MODULES = {"00": None, "01": "inference", "02": "graphs", "03": "training", "04": "conversion",
                   "05": "serving", "06": "kernels", "07": "llm", "08": "interview"}
 # A later part of a lesson keeps its own module, in its lesson's layer (it may import the part 1 module).
-<<<<<<< HEAD
 LESSON_PART_MODULES = {"llm_serving": "llm", "llm_tuning": "llm", "quantization": "conversion", "numerics": "kernels"}
-# A lesson part that works on another lesson's model (not its subject): 04 part 2 quantizes lesson 07's TinyGPT,
-# 06 part 3 decodes it alone and in a batch; 07 runs lesson 06's Triton language on its FlashAttention kernel.
-=======
-LESSON_PART_MODULES = {"llm_serving": "llm", "quantization": "conversion", "numerics": "kernels"}
 # A lesson part that works on another lesson's model (not its subject): 04 part 3 quantizes lesson 07's TinyGPT,
-# 06 part 2 decodes it alone and in a batch; 07 runs lesson 06's Triton language on its FlashAttention kernel.
->>>>>>> split-04
+# 06 part 3 decodes it alone and in a batch; 07 runs lesson 06's Triton language on its FlashAttention kernel.
 BORROWED_MODULES = {"04_quantization": {"llm"}, "06_numerics": {"llm"}, "07_llm_inference": {"kernels"}}
 MODULES = sorted((ROOT / "utils").rglob("*.py"))
 

@@ -87,7 +87,7 @@ CLAIMS: tuple[Claim, ...] = (
     ),
     Claim(
         "quantization-size", "Quantization: 4x smaller model", _004,
-        (("04_onnx_tensorrt", "int8_size_ratio"),), 3.5, 4.5, kind="ratio",
+        (("04_porting", "int8_size_ratio"),), 3.5, 4.5, kind="ratio",
         also=(("01_serving_basics", "resnet50_int8_dynamic_size_ratio"),),
         explain="ONNX Runtime static int8 vs fp32 files; lesson 01's dynamic quantization of ResNet-50 shown beside it",
     ),
@@ -103,7 +103,7 @@ CLAIMS: tuple[Claim, ...] = (
         "quantization-speed", "Quantization: 2-4x faster", _004,
         (("04_porting", "int8_speedup"),), 2.0, 4.0,
         also=(("04_porting", "digits_int8_accuracy_drop"),
-              ("04_porting", "ort_dynamic_int8_bert_min_cosine"), ("07_llm_inference", "int8_decode_speedup"), ("07_llm_inference", "int8_fp32_activations_over_bf16")),
+              ("04_porting", "ort_dynamic_int8_bert_min_cosine"), ("07_llm_scheduling", "int8_decode_speedup"), ("07_llm_scheduling", "int8_fp32_activations_over_bf16")),
         explain="the verdict is for static W8A8 int8 in ONNX Runtime vs fp32 (same batch, same session options) only; "
         "weight-only int8 is a different method: lesson 07 times it on an LLM decode step against bf16 "
         "(int8_decode_speedup), and with fp32 activations, which ATen's x86 int8 kernel runs in a scalar loop. "

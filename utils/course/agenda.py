@@ -41,6 +41,7 @@ WORKSHOP_PLAN: dict[str, tuple[int, int]] = {
     "07_llm_inference": (11, 0),  # lesson 07's lab comes after part 2: its second task is part 2's scheduler
     "07_llm_scheduling": (9, 25),  # part 2 of lesson 07, then the lesson's lab
     "07_llm_serving": (15, 0),  # part 3 of lesson 07: no lab of its own
+    "07_llm_tuning": (15, 0),  # part 4 of lesson 07: no lab of its own
     "08_interview_prep": (10, 20),
 }
 _BREAKS = ((10 * 60 + 30, "coffee break", 15), (12 * 60 + 30, "lunch", 60), (15 * 60 + 15, "break", 15))
