@@ -3,24 +3,14 @@
 import pytest
 import torch
 
+from tests.build.test_llm_serving import _model  # a small TinyGPT whose greedy choices depend on the context
 from utils import llm
 from utils import llm_tuning as tun
 
 
-def _model(seed=0, vocab=23):
-    """A small TinyGPT whose greedy choices depend on the context (weights large enough to keep far from ties)."""
-    torch.manual_seed(seed)
-    model = llm.TinyGPT(llm.GPTConfig(vocab_size=vocab, d_model=32, n_heads=4, n_layers=2, d_ff=64, max_len=128))
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.3)
-    return model.eval()
-
-
 @pytest.fixture(scope="module")
 def model():
-    return _model()
+    return _model(max_len=128)
 
 
 def _trace(n=12, seed=2, vocab=23, long_every=3, long_len=70):

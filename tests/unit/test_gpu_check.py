@@ -90,42 +90,6 @@ def test_summary_reads_each_section_from_the_part_that_guards_it():
     assert s["06.cuda-kernel"]["status"] == "ran"
 
 
-def test_summary_finds_each_section_in_the_part_of_its_lesson_that_ran_it():
-    lessons = {
-        "01_inference_modes": {"ok": True, "seconds": 20, "error": None,
-                               "results": {"ran": ["01.pinned-memory"], "skipped": {}, "metrics": {}}},
-        "01_serving_basics": {"ok": True, "seconds": 60, "error": None,
-                              "results": {"ran": ["01.gpu-speedup", "01.gpu-oom"],
-                                          "skipped": {"01.tf-memory-growth": "needs tensorflow: absent"},
-                                          "metrics": {"gpu_vs_cpu_speedup": 30.0}}},
-    }
-    s = gpu_check.summarize({"gpu": "test"}, None, lessons)["sections"]
-    assert s["01.pinned-memory"]["status"] == "ran" and s["01.gpu-speedup"]["status"] == "ran"
-    assert s["01.gpu-oom"]["status"] == "ran"
-    assert s["01.tf-memory-growth"] == {"status": "skipped", "detail": "needs tensorflow: absent"}
-    lessons["01_serving_basics"].update(ok=False, error="01_serving_basics.ipynb failed in cell 9\nmore",
-                                        results={"ran": [], "skipped": {}, "metrics": {}})
-    s = gpu_check.summarize({"gpu": "test"}, None, lessons)["sections"]
-    assert s["01.gpu-speedup"] == {"status": "failed", "detail": "01_serving_basics.ipynb failed in cell 9"}
-    assert s["01.pinned-memory"]["status"] == "ran"
-
-
-def test_summary_reads_each_section_from_the_part_of_the_lesson_that_runs_it():
-    lessons = {
-        "03_profiling_amp": {"ok": True, "seconds": 30, "error": None,
-                             "results": {"ran": ["03.keep-freed-memory"], "skipped": {}, "metrics": {}}},
-        "03_training_bound": {"ok": True, "seconds": 40, "error": None,
-                              "results": {"ran": ["03.gpu-amp"], "skipped": {"03.nsight": "needs cuda: none"},
-                                          "metrics": {"gpu_amp_loop_speedup": 1.9}}},
-    }
-    doc = gpu_check.summarize({"gpu": "test"}, None, lessons)
-    s = doc["sections"]
-    assert s["03.gpu-amp"]["status"] == "ran"
-    assert s["03.nsight"] == {"status": "skipped", "detail": "needs cuda: none"}
-    assert s["03.cudnn-benchmark"]["status"] == "not run"  # neither part reached it
-    assert doc["key_numbers"]["03_training_bound.gpu_amp_loop_speedup"]["value"] == 1.9
-
-
 def test_run_tests_counts_passes_failures_and_skip_reasons(tmp_path):
     probe = tmp_path / "test_probe.py"
     probe.write_text("import pytest\n\ndef test_ok():\n    pass\n\ndef test_bad():\n    assert 1 == 2, 'wrong'\n\n"
