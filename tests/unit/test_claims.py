@@ -81,10 +81,12 @@ def test_verdicts_follow_the_claimed_ranges():
         assert "no CUDA GPU" in rows[gpu_claim].reason or "needs cuda" in rows[gpu_claim].reason
 
 
-def test_an_untested_claim_says_why_and_the_orca_claim_reads_the_scheduling_metric():
-    rows = _by_id(claims.evaluate(_results(**{"07_llm_scheduling": {"metrics": {"continuous_vs_static_throughput": 2.1}}})))
-    assert rows["paged-kv-serving"].verdict == "not measurable here" and "not tested" in rows["paged-kv-serving"].reason
+def test_the_orca_and_vllm_claims_read_the_part_that_serves_them():
+    rows = _by_id(claims.evaluate(_results(**{"07_llm_scheduling": {"metrics": {"continuous_vs_static_throughput": 2.1}},
+                                              "07_llm_serving": {"metrics": {"paged_serving_throughput_gain": 1.3}}})))
     assert rows["iteration-level-scheduling"].verdict == "holds"
+    assert rows["paged-kv-serving"].verdict == "does not hold"
+    assert rows["paged-kv-serving"].metric == "paged_serving_throughput_gain"
 
 
 def test_an_interval_across_the_claimed_edge_is_undecided():
