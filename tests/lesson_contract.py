@@ -107,6 +107,8 @@ REQUIRED_METRICS = {
         "softmax_speedup_vs_torch_geomean", "softmax_speedup_vs_naive_geomean", "softmax_best_fraction_of_copy_bw",
         "softmax_large_fraction_of_roof", "softmax_speedup_vs_torch_same_exp_geomean",
         "opcheck_passed", "gradcheck_passed",
+        # the documented operator path (the C++ op with a fake kernel and autograd from Python) and its per-call cost
+        "custom_op_speed_over_cpp_op",
     ],
     "06_gpu_kernels_triton": [
         # the softmax in the Triton language, in Triton's interpreter (excused in SECTION_METRICS["06.triton-interpreter"])

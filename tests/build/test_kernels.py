@@ -368,16 +368,26 @@ def test_compile_check_rejects_bad_arch():
 def test_cuda_source_compiles_with_nvcc():
     result = kernels.compile_check_cuda()
     assert result.ok, result.log[-3000:]
-    assert any("softmax_forward_warp<float, 4>" in k for k in result.registers), sorted(result.registers)
+    assert any("softmax_forward_warp<float, 32, 32>" in k for k in result.registers), sorted(result.registers)
+
+
+# (rows, n, offset) reaching every path of softmax.cu's forward on any GPU with fewer than 200 SMs: registers (tiny
+# rows packed several to a warp, then one warp per row), shared memory, online two-pass (200 rows fill the GPU),
+# split-row (fewer rows than SMs); offset 1 starts x one element past a 16-byte boundary, so y (fresh, aligned) and x
+# differ in alignment and the scalar kernels run.
+CUDA_SHAPES = [(65, 1, 0), (65, 7, 0), (65, 33, 0), (65, 256, 0), (65, 1000, 0), (65, 1024, 0), (65, 1025, 0),
+               (65, 4099, 0), (65, 4099, 1), (200, 32768, 0), (200, 32768, 1), (65, 32768, 0), (8, 131072, 0),
+               (4, 262144, 0)]
 
 
 @pytest.mark.skipif(not (env.has("cuda") and env.has("nvcc")), reason="needs a CUDA GPU and nvcc")
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.float16, 2**-10), (torch.bfloat16, 2**-7)])
-@pytest.mark.parametrize("n", [1, 7, 256, 1024, 1025, 4099, 32768])
-def test_cuda_kernel_matches_torch(dtype, tol, n):
+@pytest.mark.parametrize("rows, n, offset", CUDA_SHAPES)
+def test_cuda_kernel_matches_torch(dtype, tol, rows, n, offset):
     from utils.kernels import ops
 
-    x = (torch.randn(65, n, device="cuda") * 4).to(dtype)
+    flat = (torch.randn(rows * n + offset, device="cuda") * 4).to(dtype)
+    x = flat[offset:].view(rows, n)
     x[0, : n // 2] = -math.inf
     x[1] = -math.inf
     x[2, n // 3] = math.nan  # the whole row becomes NaN, as in torch

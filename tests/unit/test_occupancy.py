@@ -9,7 +9,8 @@ import pytest
 from utils.kernels import KERNEL_DIR
 from utils.kernels import occupancy as oc
 
-# Captured: nvcc 13.0 -Xptxas=-v on utils/kernels/softmax.cu for sm_90 (three of its 32 kernels)
+# Captured: nvcc 13.0 -Xptxas=-v on an earlier utils/kernels/softmax.cu for sm_90 (three of its kernels; the names
+# still follow the launcher's rules: ..._warp<...> 128 threads, ..._block<...> 256-1024)
 SOFTMAX_CU_SM90 = """\
 ptxas info    : 28 bytes gmem
 ptxas info    : Compiling entry function '_ZN49_GLOBAL__N__f0a8f8e6_10_softmax_cu_2996dc61_1297921softmax_forward_blockIfLi4EEEvPKT_PS1_l' for 'sm_90'
@@ -27,6 +28,21 @@ ptxas info    : Function properties for _ZN49_GLOBAL__N__f0a8f8e6_10_softmax_cu_
     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
 ptxas info    : Used 54 registers, used 1 barriers, 512 bytes smem
 ptxas info    : Compile time = 196.008 ms
+"""
+
+# Captured: nvcc 13.0 -Xptxas=-v on the current softmax.cu for sm_90: the register kernel for 513-1024 float columns
+# and the shared-memory kernel (its dynamic shared memory, the row, is not in ptxas' report)
+SOFTMAX_CU_SM90_ROWS = """\
+ptxas info    : Compiling entry function '_ZN48_GLOBAL__N__f0a8f8e6_10_softmax_cu_ad11e9c8_521920softmax_forward_warpIfLi32ELi32EEEvPKT_PS1_ll' for 'sm_90'
+ptxas info    : Function properties for _ZN48_GLOBAL__N__f0a8f8e6_10_softmax_cu_ad11e9c8_521920softmax_forward_warpIfLi32ELi32EEEvPKT_PS1_ll
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 127 registers, used 0 barriers
+ptxas info    : Compile time = 45.539 ms
+ptxas info    : Compiling entry function '_ZN48_GLOBAL__N__f0a8f8e6_10_softmax_cu_ad11e9c8_521920softmax_forward_smemIfLi4EEEvPKT_PS1_l' for 'sm_90'
+ptxas info    : Function properties for _ZN48_GLOBAL__N__f0a8f8e6_10_softmax_cu_ad11e9c8_521920softmax_forward_smemIfLi4EEEvPKT_PS1_l
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 32 registers, used 1 barriers, 256 bytes smem
+ptxas info    : Compile time = 29.386 ms
 """
 
 # Captured: triton 3.8's ptxas -v on flash_attention_kernel compiled for sm_90a in float32 at 64 x 64 blocks
@@ -120,6 +136,23 @@ def test_softmax_cu_occupancy_rows(monkeypatch):
     }
     with pytest.raises(ValueError, match="softmax.cu kernel"):
         oc.softmax_cu_launches("flash_attention_kernel")
+    assert oc.softmax_cu_launches("softmax_split_stats<float, 4>") == [512]
+
+
+def test_softmax_cu_occupancy_counts_the_row_in_shared_memory(monkeypatch):
+    from utils import kernels
+
+    monkeypatch.setattr(kernels, "_demangle", lambda symbols: {
+        s: "softmax_forward_smem<float, 4>" if "smem" in s else "softmax_forward_warp<float, 32, 32>" for s in symbols})
+    got = {r["kernel"]: (r["threads"], r["shared_bytes"], r["occupancy"].fraction)
+           for r in oc.softmax_cu_occupancy(SOFTMAX_CU_SM90_ROWS)}
+    # 127 registers x 32 lanes, rounded to 4,096 per warp: 16 warps of the 64 an SM holds
+    assert got["softmax_forward_warp<float, 32, 32>"] == (128, 0, 0.25)
+    # the row as float plus 256 B of reduction scratch (and 1 KiB the driver reserves per block): 2048 floats at 256
+    # threads fit 8 blocks (64 warps); 8192 at 256 threads, 6 blocks of 33.3 KiB in 228 KiB; 16384 at 512 threads, 3
+    assert got["softmax_forward_smem<float, 4> n=2048"] == (256, 2048 * 4 + 256, 1.0)
+    assert got["softmax_forward_smem<float, 4> n=8192"] == (256, 8192 * 4 + 256, 0.75)
+    assert got["softmax_forward_smem<float, 4> n=16384"] == (512, 16384 * 4 + 256, 0.75)
 
 
 def test_ptxas_usage_wants_ptx():

@@ -61,7 +61,10 @@ KEY_METRICS = {
     ("04_onnx_tensorrt", "ort_cuda_iobinding_speedup_vs_eager"): "ONNX Runtime CUDA (IO binding) over eager",
     ("04_porting", "trt_fp16_speedup_vs_eager"): "TensorRT fp16 over eager",
     ("05_triton_under_load", "gpu_throughput_rps_batching"): "Triton with a GPU encoder, req/s",
-    ("06_fused_softmax", "gpu_softmax_fraction_of_copy_bw"): "CUDA softmax, fraction of the device's copy bandwidth",
+    ("06_fused_softmax", "gpu_softmax_fraction_of_copy_bw"): "CUDA softmax, fraction of the device's copy bandwidth "
+                                                             "(rows of 64 to 32K floats)",
+    ("06_fused_softmax", "gpu_softmax_few_rows_fraction_of_copy_bw"): "CUDA softmax, 8 rows x 128K (split-row), "
+                                                                      "fraction of copy bandwidth",
     ("06_fused_softmax", "cuda_parity_max_abs_fp32"): "CUDA softmax parity, max |error| vs torch",
     ("06_gpu_kernels_triton", "triton_gpu_parity_max_abs_fp32"): "Triton softmax compiled, parity, max |error| vs torch",
     ("06_gpu_kernels_triton", "triton_gpu_softmax_fraction_of_copy_bw"): "Triton softmax, fraction of the device's "

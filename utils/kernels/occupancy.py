@@ -19,7 +19,8 @@ capability 9.0) are the CUDA C++ Programming Guide's "Technical Specifications p
 32-bit registers, 2,048 threads (64 warps), 32 resident blocks (also cudaOccMaxBlocksPerMultiprocessor), 228 KiB of
 shared memory per SM with up to 227 KiB per block, 1,024 threads and 64K registers per block, 255 registers per
 thread. Shared memory is counted against the largest carveout (228 KiB); the driver picks the carveout per kernel,
-and for kernels that use a few hundred bytes, as softmax.cu's do, shared memory is nowhere near the binding limit.
+and for kernels that use a few hundred bytes, as most of softmax.cu's do, shared memory is nowhere near the binding
+limit; its shared-memory kernel, which holds a whole row, is the exception (softmax_cu_occupancy shows it per row length).
 """
 
 from __future__ import annotations
@@ -193,34 +194,62 @@ def softmax_cu_block_threads(n: int, vec: int) -> int:
 
 
 # The launch shapes of softmax.cu (softmax_forward_cuda / softmax_backward_cuda): the warp kernels always run
-# 32 x kWarpRowsPerBlock = 128 threads; the block kernels, rows longer than kWarpMaxCols = 1024, 256-1024 threads.
+# 32 x kWarpRowsPerBlock = 128 threads; the block and shared-memory kernels 256-1024 threads (block_threads); the
+# split-row kernels kSplitThreads = 512.
 _WARP_THREADS = 128
+_SPLIT_THREADS = 512
+# Row lengths at which the shared-memory kernel's rows are shown: its dynamic shared memory is the row itself
+# (n x 4 bytes for float32, half and bfloat16, which it widens to float; n x 8 for float64), so its occupancy depends
+# on n, unlike the other kernels'.
+SMEM_EXAMPLE_COLS = (2048, 8192, 16384)
 
 
 def softmax_cu_launches(kernel: str) -> list[int]:
-    """The block sizes softmax.cu launches `kernel` (a demangled name) with: [128] for the warp kernels, the three
-    sizes block_threads can return for the block kernels."""
+    """The block sizes softmax.cu launches `kernel` (a demangled name) with: [128] for the warp kernels, [512] for the
+    split-row kernels, the three sizes block_threads can return for the block and shared-memory kernels."""
     if "_warp<" in kernel:
         return [_WARP_THREADS]
-    if "_block<" in kernel:
+    if "_split_" in kernel:
+        return [_SPLIT_THREADS]
+    if "_block<" in kernel or "_smem<" in kernel:
         return [256, 512, 1024]
-    raise ValueError(f"softmax_cu_launches: expected a softmax.cu kernel (..._warp<...> or ..._block<...>), got "
-                     f"{kernel!r}")
+    raise ValueError(f"softmax_cu_launches: expected a softmax.cu kernel (..._warp<...>, ..._block<...>, "
+                     f"..._smem<...> or ..._split_...), got {kernel!r}")
+
+
+def _template_args(kernel: str) -> list[str]:
+    return [a.strip() for a in kernel[kernel.index("<") + 1: kernel.rindex(">")].split(",")]
 
 
 def softmax_cu_occupancy(report: str, limits: SmLimits = H100) -> list[dict]:
     """One row per (softmax.cu kernel, block size it is launched with): {kernel, threads, registers, shared_bytes,
-    spill_bytes, occupancy} from nvcc's ptxas report (``kernels.compile_check_cuda(arch).log``), lesson 06."""
+    spill_bytes, occupancy} from nvcc's ptxas report (``kernels.compile_check_cuda(arch).log``), lesson 06.
+
+    The shared-memory kernel gets one row per length in SMEM_EXAMPLE_COLS ("softmax_forward_smem<float, 4> n=8192"),
+    at the block size the launcher picks for it and with the row's bytes added to ptxas' static shared memory."""
     usage = parse_ptxas(report)
     names = kernels._demangle(list(usage))
     rows = []
     for symbol, u in usage.items():
         kernel = names[symbol]
+        if "_smem<" in kernel:
+            dtype, vec = _template_args(kernel)
+            width = 8 if dtype == "double" else 4
+            for n in SMEM_EXAMPLE_COLS:
+                threads, shared = softmax_cu_block_threads(n, int(vec)), u.shared_bytes + n * width
+                rows.append({"kernel": f"{kernel} n={n}", "threads": threads, "registers": u.registers,
+                             "shared_bytes": shared, "spill_bytes": u.spill_bytes,
+                             "occupancy": occupancy(u.registers, threads, shared, limits)})
+            continue
         for threads in softmax_cu_launches(kernel):
             rows.append({"kernel": kernel, "threads": threads, "registers": u.registers,
                          "shared_bytes": u.shared_bytes, "spill_bytes": u.spill_bytes,
                          "occupancy": occupancy(u.registers, threads, u.shared_bytes, limits)})
-    return sorted(rows, key=lambda r: (r["kernel"], r["threads"]))
+    def order(r):  # the shared-memory kernel's rows by row length, not as text
+        name, _, n = r["kernel"].partition(" n=")
+        return name, int(n or 0), r["threads"]
+
+    return sorted(rows, key=order)
 
 
 def triton_occupancy(built, limits: SmLimits = H100) -> Occupancy:
