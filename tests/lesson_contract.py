@@ -87,6 +87,18 @@ REQUIRED_METRICS = {
         "int4_bytes_per_weight", "int4_size_ratio_vs_fp32", "gptq_vs_rtn_drift", "awq_vs_rtn_drift",
         "int4_rtn_loss_delta", "int4_gptq_loss_delta", "int4_awq_loss_delta", "smoothquant_w8a8_drift",
     ],
+    "04_pruning_distillation": [
+        # unstructured magnitude pruning: the mask, accuracy, dense zeros and CSR timed (section 1)
+        "digits_mlp_dense_accuracy", "unstructured_mask_matches_torch", "unstructured_accuracy_drop_50_pp",
+        "unstructured_accuracy_drop_90_pp", "unstructured_90_finetuned_accuracy_drop_pp", "unstructured_90_sparsity",
+        "csr_parity_max_abs", "unstructured_zeros_speedup_50", "unstructured_zeros_speedup_90", "csr_speedup_50",
+        "csr_speedup_90",
+        # structured pruning (section 2) and distillation (section 3)
+        "structured_rebuild_parity_max_abs", "structured_flop_ratio", "structured_pruning_speedup",
+        "structured_accuracy_drop_before_finetune_pp", "structured_accuracy_drop_after_finetune_pp",
+        "distill_kl_by_hand_max_abs", "distill_vs_hard_accuracy", "distill_accuracy_gain_pp",
+        "distill_student_seed_spread_pp",
+    ],
     "05_triton_ensemble": [
         # part 1: the repository, the server's lifecycle, the batching sweep, the deployment served (sections 1-6)
         "ensemble_parity_max_abs", "bound_to_loopback_only", "sweep_winner", "sweep_p95_budget_ms",

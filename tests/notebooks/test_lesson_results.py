@@ -77,3 +77,17 @@ def test_every_lesson_has_a_contract():
     stems = {p.stem for p in lesson_notebooks()}
     unknown = sorted(stems - set(REQUIRED_METRICS))
     assert not unknown, f"lesson notebooks without required metrics in {__file__}: {unknown}"
+
+
+def test_pruning_and_distillation_checks_hold():
+    """Lesson 04 part 4: the checks its comparisons rest on (not its timings, which are the machine's)."""
+    m = _results(next(p for p in LESSONS if p.stem == "04_pruning_distillation"))["metrics"]
+    assert m["unstructured_mask_matches_torch"] is True  # the global magnitude mask by hand is torch's
+    assert abs(m["unstructured_90_sparsity"] - 0.9) < 1e-4  # fine-tuning under the mask kept every zero
+    assert m["csr_parity_max_abs"] < 1e-4  # the CSR model computes what the dense model with the same zeros does
+    assert m["structured_rebuild_parity_max_abs"] < 1e-4  # the narrow model is the large one with units masked
+    assert m["distill_kl_by_hand_max_abs"] < 1e-4  # the soft-target term is the KL written out
+    assert m["structured_flop_ratio"] > 1 and 0 < m["digits_mlp_dense_accuracy"] <= 1
+    for name in ("unstructured_accuracy_drop_50_pp", "structured_accuracy_drop_after_finetune_pp",
+                 "distill_accuracy_gain_pp"):
+        assert -100 <= m[name] <= 100, (name, m[name])

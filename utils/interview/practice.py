@@ -45,6 +45,8 @@ TOPICS: dict[str, tuple[str, ...]] = {
                    "preprocessing-in-graph", "tensorrt-missing-fusions", "constant-folding", "parity-not-bitwise"),
     "quantization": ("dynamic-quantization-cnn", "int8-calibration", "affine-quantization", "integer-matmul-requantize",
                      "calibration-methods", "ptq-vs-qat", "weight-only-int4", "smoothquant", "int8-kv-cache"),
+    "compression": ("unstructured-vs-structured-pruning", "knowledge-distillation", "affine-quantization", "ptq-vs-qat",
+                    "weight-only-int4"),
     "serving": ("batch-vs-single", "triton-latency-methodology", "dynamic-batching", "triton-ensemble",
                 "serving-hardening", "replicas-littles-law", "continuous-vs-dynamic-batching"),
     "gpu-and-kernels": ("online-softmax", "custom-op-registration", "is-the-kernel-good", "tiling-memory-hierarchy",
