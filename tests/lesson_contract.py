@@ -87,7 +87,7 @@ REQUIRED_METRICS = {
         "int4_bytes_per_weight", "int4_size_ratio_vs_fp32", "gptq_vs_rtn_drift", "awq_vs_rtn_drift",
         "int4_rtn_loss_delta", "int4_gptq_loss_delta", "int4_awq_loss_delta", "smoothquant_w8a8_drift",
     ],
-    "04_pruning_distillation": [
+    "04_sparsity_distillation": [
         # unstructured magnitude pruning: the mask, accuracy, dense zeros and CSR timed (section 1)
         "digits_mlp_dense_accuracy", "unstructured_mask_matches_torch", "unstructured_accuracy_drop_50_pp",
         "unstructured_accuracy_drop_90_pp", "unstructured_90_finetuned_accuracy_drop_pp", "unstructured_90_sparsity",

@@ -29,7 +29,7 @@ def test_what_ran_is_what_the_doctor_predicted(nb):
              for s, status in plan.items()
              if (status == "runs") != (s in ran) or (status == "skipped") != (s in skipped)}
     # a lesson file covers only its own sections (the four parts of lesson 04, 04_onnx_tensorrt to
-    # 04_pruning_distillation, share the prefix "04.")
+    # 04_sparsity_distillation, share the prefix "04.")
     others = {s for s in wrong if s not in ran and s not in skipped and _section_in_other_notebook(s, nb)}
     wrong = {s: why for s, why in wrong.items() if s not in others}
     assert not wrong, f"{where}: the doctor's plan and the run disagree: {wrong}"

@@ -81,7 +81,7 @@ def test_every_lesson_has_a_contract():
 
 def test_pruning_and_distillation_checks_hold():
     """Lesson 04 part 4: the checks its comparisons rest on (not its timings, which are the machine's)."""
-    m = _results(next(p for p in LESSONS if p.stem == "04_pruning_distillation"))["metrics"]
+    m = _results(next(p for p in LESSONS if p.stem == "04_sparsity_distillation"))["metrics"]
     assert m["unstructured_mask_matches_torch"] is True  # the global magnitude mask by hand is torch's
     assert abs(m["unstructured_90_sparsity"] - 0.9) < 1e-4  # fine-tuning under the mask kept every zero
     assert m["csr_parity_max_abs"] < 1e-4  # the CSR model computes what the dense model with the same zeros does

@@ -33,7 +33,7 @@ WORKSHOP_PLAN: dict[str, tuple[int, int]] = {
     "04_onnx_tensorrt": (15, 0),  # part 1 of lesson 04: its lab comes after part 2
     "04_porting": (10, 25),  # part 2 of lesson 04, with the lab of parts 1 and 2
     "04_quantization": (20, 20),  # part 3 of lesson 04, with its lab
-    "04_pruning_distillation": (15, 0),  # part 4 of lesson 04: no lab of its own
+    "04_sparsity_distillation": (15, 0),  # part 4 of lesson 04: no lab of its own
     "05_triton_ensemble": (10, 20),  # part 1 of lesson 05, with its lab (a config by hand, batching tuned)
     "05_triton_under_load": (10, 0),  # part 2 of lesson 05: no lab of its own
     "06_fused_softmax": (14, 25),  # part 1 of lesson 06, with its lab (whose Triton task part 2 teaches)

@@ -26,7 +26,7 @@ LESSON_TITLES = {
     "04_onnx_tensorrt": "ONNX, ONNX Runtime and graph optimization",
     "04_porting": "Porting a model: int8, TensorFlow, custom ops, a CI gate, TensorRT",
     "04_quantization": "Quantization from the arithmetic up",
-    "04_pruning_distillation": "Pruning and distillation",
+    "04_sparsity_distillation": "Pruning and distillation",
     "05_triton_ensemble": "A Triton ensemble",
     "05_triton_under_load": "Triton under load",
     "06_fused_softmax": "A fused softmax kernel",
