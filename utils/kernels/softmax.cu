@@ -81,7 +81,7 @@ __device__ __forceinline__ MaxSum<A> update(MaxSum<A> st, const A (&v)[VEC]) {
   for (int k = 1; k < VEC; ++k) cmax = nan_max(cmax, v[k]);
   const A m = nan_max(cmax, st.m);  // NaN (if any) becomes m, and the sum below becomes NaN
   if (m == -std::numeric_limits<A>::infinity()) return st;
-  A s = st.s * fast_exp(st.m - m);
+  A s = m == st.m ? st.s : st.s * fast_exp(st.m - m);  // rescale only when the max moved (rare after a few vectors)
 #pragma unroll
   for (int k = 0; k < VEC; ++k) s += fast_exp(v[k] - m);
   return {m, s};
