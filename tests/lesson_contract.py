@@ -171,7 +171,7 @@ SECTION_METRICS = {
     "06.cpu-kernel": [
         "softmax_speedup_vs_torch_geomean", "softmax_speedup_vs_naive_geomean", "softmax_best_fraction_of_copy_bw",
         "softmax_large_fraction_of_roof", "softmax_speedup_vs_torch_same_exp_geomean", "opcheck_passed",
-        "gradcheck_passed",
+        "gradcheck_passed", "custom_op_speed_over_cpp_op",
     ],
     "01.keras": [
         "keras_call_vs_predict_speedup", "savedmodel_reload_max_abs_diff", "keras_predict_without_compile",
