@@ -159,16 +159,32 @@ def test_disturbed_reads_drift_waste_and_ceiling():
         ablation.disturbed(clean, current_ms=0.0, reference_ms=[100.0])
 
 
-def test_product_line_can_fail_and_says_when_it_is_no_check():
+def test_product_line_judges_intervals_through_verdict_and_says_when_it_is_no_check():
     narrow = {"a": bench.Ratio(1.10, 1.08, 1.12, rounds=3), "b": bench.Ratio(1.20, 1.15, 1.25, rounds=3)}
+    # product 1.32x [1.24-1.40]
     agree = ablation.product_line(narrow, bench.Ratio(1.30, 1.25, 1.40, rounds=5))
-    assert "differ by 1.02x" in agree and "consistent within noise" in agree
+    assert "differ by 1.02x" in agree and ": held" in agree and "reproduces" in agree
     disagree = ablation.product_line(narrow, bench.Ratio(2.0, 1.9, 2.1, rounds=5))
-    assert "differ by 1.52x" in disagree and "more than their intervals allow" in disagree
+    assert "differ by 1.52x" in disagree and ": did not hold" in disagree and "not reproduced" in disagree
+    straddle = ablation.product_line(narrow, bench.Ratio(1.38, 1.30, 1.50, rounds=5))
+    assert ": undecided" in straddle
+    # close medians decide nothing: a direct interval wholly outside the bounds is not reproduced
+    assert ": did not hold" in ablation.product_line(narrow, bench.Ratio(1.45, 1.42, 1.48, rounds=5))
+    # one round of the direct measurement has no interval: undecided, whatever the medians
+    assert ": undecided" in ablation.product_line(narrow, bench.Ratio(1.32, 1.32, 1.32, rounds=1))
+    # a noisy direct measurement is judged on its widened interval (verdict's rule)
+    noisy_direct = bench.Ratio(1.30, 1.26, 1.38, rounds=5, noisy="x: IQR 20%", spread=0.2)
+    assert ": undecided" in ablation.product_line(narrow, noisy_direct)
     wide = {"a": bench.Ratio(1.4, 0.85, 9.2, rounds=3)}
     assert "not a check" in ablation.product_line(wide, bench.Ratio(1.39, 1.33, 1.74, rounds=5))
+    # a noisy kept trial widens the product's bounds by its spread, here past the width where it checks anything
     noisy = {"a": bench.Ratio(1.1, 1.08, 1.12, rounds=3, noisy="a: IQR 40% of the median", spread=0.4)}
-    assert "were noisy" in ablation.product_line(noisy, bench.Ratio(1.1, 1.05, 1.15, rounds=5))
+    line = ablation.product_line(noisy, bench.Ratio(1.1, 1.05, 1.15, rounds=5))
+    assert "widened for the noisy rounds of a" in line and "not a check" in line
+    slightly = {"a": bench.Ratio(1.1, 1.08, 1.12, rounds=3, noisy="a: IQR 5%", spread=0.05)}
+    assert ": held" in ablation.product_line(slightly, bench.Ratio(1.1, 1.05, 1.15, rounds=5))
+    unbounded = {"a": bench.Ratio(1.1, 1.08, 1.12, rounds=3, noisy="a: IQR 40% of the median")}
+    assert "too noisy to bound" in ablation.product_line(unbounded, bench.Ratio(1.1, 1.05, 1.15, rounds=5))
     with pytest.raises(TypeError, match="bench.Ratio"):
         ablation.product_line({"a": 1.1}, bench.Ratio(1.1, 1.0, 1.2))
 

@@ -27,8 +27,9 @@ __all__ = ["Fix", "fixes", "FixTrial", "try_fix", "try_fix_gated", "ceiling", "o
 MAX_DRIFT = 0.25
 # a disturbed trial runs again, up to this many attempts in all, before its verdict is withheld
 ATTEMPTS = 3
-# the product of the kept fixes' ratios checks the direct measurement only when its interval (high / low) is narrower
-# than this: the product of every trial's extremes is a bound, and a wide one agrees with anything
+# the product of the kept fixes' ratios checks the direct measurement only when its bounds (high / low) are narrower
+# than this: the product of every trial's extremes is a bound, and a wide one contains anything (this gates whether
+# there is a check at all; the check itself is verdict.prediction on the intervals)
 MAX_PRODUCT_WIDTH = 1.5
 
 
@@ -138,31 +139,46 @@ def disturbed(ratio: bench.Ratio, *, waste: bool = False, cap_x: float = float("
 
 
 def product_line(kept: dict, direct: bench.Ratio) -> str:
-    """Lesson 03's check of the ablation: the product of the kept fixes' own ratios against the direct measurement
-    of the final loop against the slow one (`kept`: {label: Ratio}).
+    """Lesson 03's check of the ablation: does the product of the kept fixes' own ratios reproduce the direct
+    measurement of the final loop against the slow one (`kept`: {label: Ratio})?
 
-    The medians are compared (and by how much they differ is said); the two are called consistent only when the
-    product's interval, every trial's extremes multiplied, is narrower than MAX_PRODUCT_WIDTH and no kept ratio was
-    noisy: otherwise the check could not fail, and it says so.
+    The product's bounds multiply every kept trial's judged interval (the rounds' extremes, widened by a noisy
+    trial's IQR fraction as ``Ratio.judged`` widens it); the judgement is ``verdict.prediction`` of the direct
+    ratio (its own judged interval) against those bounds, the way every stated range in the course is judged:
+    "held" (the direct interval lies inside: reproduced), "did not hold" (wholly outside), "undecided" (it
+    straddles an edge, or one round). No fixed tolerance on the medians: they are compared, and by how much they
+    differ is printed, but only the intervals decide. The check is skipped, and says so, when the product's bounds
+    span more than MAX_PRODUCT_WIDTH (a bound that wide would contain almost any direct measurement) or a kept
+    trial was noisy with no known spread.
     """
     if not isinstance(direct, bench.Ratio) or not all(isinstance(r, bench.Ratio) for r in kept.values()):
         raise TypeError("product_line() takes {label: bench.Ratio} and a bench.Ratio")
     value = low = high = 1.0
-    for r in kept.values():
-        value, low, high = value * r.value, low * r.low, high * r.high
+    unknown = []
+    for name, r in kept.items():
+        judged = r.judged
+        if judged is None:
+            unknown.append(name)
+            judged = (r.low, r.high)
+        value, low, high = value * r.value, low * judged[0], high * judged[1]
     differ = max(value / direct.value, direct.value / value)
-    head = (f"the product of the {len(kept)} kept fixes' own ratios is {value:.2f}x [{low:.2f}-{high:.2f}], the "
-            f"direct measurement {direct}: the medians differ by {differ:.2f}x")
-    noisy = [name for name, r in kept.items() if r.noisy]
-    if noisy:
-        return head + f"; not a check: the rounds of {', '.join(noisy)} were noisy"
+    widened = [name for name, r in kept.items() if r.noisy and r.judged is not None]
+    head = (f"the product of the {len(kept)} kept fixes' own ratios is {value:.2f}x [{low:.2f}-{high:.2f}"
+            + (f", widened for the noisy rounds of {', '.join(widened)}" if widened else "")
+            + f"], the direct measurement {direct}: the medians differ by {differ:.2f}x")
+    if unknown:
+        return head + f"; not a check: the rounds of {', '.join(unknown)} were too noisy to bound"
     if high / low > MAX_PRODUCT_WIDTH:
-        return head + (f"; not a check: the product's interval spans {high / low:.2f}x (wider than "
-                       f"{MAX_PRODUCT_WIDTH}x), so it would agree with almost anything")
-    if low <= direct.high and direct.low <= high:
-        return head + "; their intervals overlap: consistent within noise"
-    return head + ("; more than their intervals allow: each trial measured its fix against a different loop at a "
-                   "different time, or a fix's gain depends on the ones kept before it")
+        return head + (f"; not a check: the product's bounds span {high / low:.2f}x (wider than "
+                       f"{MAX_PRODUCT_WIDTH}x), so they would contain almost any direct measurement")
+    word = verdict.prediction(direct, low, high)
+    line = head + f"; the direct interval against the product's bounds (verdict.prediction): {word}"
+    if word == verdict.HELD:
+        return line + " -> the product reproduces the direct measurement"
+    if word == verdict.NOT_HELD:
+        return line + (" -> not reproduced, by more than the intervals allow: each trial measured its fix against a "
+                       "different loop at a different time, or a fix's gain depends on the ones kept before it")
+    return line + " -> undecided: the direct interval straddles an edge of the product's bounds"
 
 
 @dataclass
