@@ -155,6 +155,9 @@ REQUIRED_METRICS = {
         "chunked_prefill_long_ttft_cost", "chunked_prefill_throughput_ratio", "chunked_prefill_wrong_tokens",
         "int8_kv_bytes_ratio", "int8_kv_logit_drift", "int8_kv_greedy_agreement", "int8_kv_loss_delta",
         "int8_kv_decode_speedup",
+        # the largest max_batch within a TTFT/TPOT p95 budget (section 3)
+        "batch_sweep_best_batch", "batch_sweep_prediction_held", "batch_sweep_throughput_gain",
+        "batch_sweep_ttft_p95_ms", "batch_sweep_tpot_p95_ms", "batch_sweep_wrong_tokens", "batch_sweep_budget_ms",
     ],
     "07_llm_serving": [
         "paged_logit_parity", "paged_serving_capacity_gain", "paged_serving_throughput_gain", "paged_serving_all_greedy",

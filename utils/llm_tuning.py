@@ -10,6 +10,8 @@
 - ``with_long_prompts``: a trace in which some requests carry long prompts (the ones that stall a batch).
 - ``Int8KVCache``: keys and values stored as int8 with one fp32 scale per (sequence, head, position), dequantized
   when attention reads them; ``teacher_forced_logits`` runs a text through the model one token at a time on a cache.
+- ``latency_p95``: TTFT p95, TPOT p95 and throughput of a served trace, the numbers a latency budget (an SLO) is
+  written against (section 3 sweeps max_batch against one).
 """
 
 from __future__ import annotations
@@ -21,11 +23,11 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from utils.llm import Engine, KVCache, Request, TinyGPT
+from utils.llm import Engine, KVCache, Request, TinyGPT, summarize
 from utils.llm_serving import forward_positions
 
 __all__ = ["ChunkedEngine", "run_budgeted", "inter_token_gaps", "with_long_prompts", "Int8KVCache",
-           "teacher_forced_logits"]
+           "teacher_forced_logits", "latency_p95"]
 
 
 class ChunkedEngine(Engine):
@@ -218,3 +220,17 @@ def teacher_forced_logits(model: TinyGPT, tokens: torch.Tensor, prompt_len: int,
     for t in range(prompt_len, tokens.numel() - 1):
         out.append(forward_positions(model, tokens[None, t : t + 1], cache)[0, -1])
     return torch.stack(out)
+
+
+def latency_p95(trace: Sequence[Request], q: float = 0.95) -> dict:
+    """TTFT and TPOT at quantile `q` (seconds) and throughput (tokens/s) of a served trace (lesson 07, part 4,
+    section 3). TTFT and throughput are ``llm.summarize``'s; TPOT is each request's (t_done - t_first) / (tokens - 1),
+    over the requests with at least two tokens, then its quantile: the per-request number a TPOT budget bounds."""
+    if not 0 < q < 1:
+        raise ValueError(f"the quantile q must lie in (0, 1), got {q!r}")
+    stats = summarize(trace)  # checks that every request was served to the end
+    ttft = torch.tensor([r.t_first - r.arrival for r in trace], dtype=torch.float64)
+    tpot = torch.tensor([(r.t_done - r.t_first) / (len(r.output) - 1) for r in trace if len(r.output) > 1],
+                        dtype=torch.float64)
+    return {"ttft_s": float(ttft.quantile(q)), "tpot_s": float(tpot.quantile(q)) if tpot.numel() else math.nan,
+            "throughput_tok_s": stats["throughput_tok_s"]}

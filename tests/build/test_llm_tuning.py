@@ -91,3 +91,19 @@ def test_int8_kv_cache_bytes_and_error_bounds(model):
     assert 0 < drift < 0.05 * float(ref.abs().max())  # int8 moves the logits, by a little
     with pytest.raises(ValueError, match="prompt_len"):
         tun.teacher_forced_logits(model, seq, 60, llm.KVCache(cfg, 1, 60))
+
+
+def test_latency_p95_reads_ttft_and_tpot_per_request():
+    trace = [llm.Request(i, 0.1 * i, torch.arange(4), n) for i, n in enumerate((1, 3, 5))]
+    for r, (first, done) in zip(trace, ((0.5, 0.5), (0.3, 0.7), (1.0, 1.8)), strict=True):
+        r.output, r.t_first, r.t_done = [0] * r.max_new, first, done
+    stats = tun.latency_p95(trace, q=0.5)
+    assert stats["ttft_s"] == pytest.approx(0.5)  # waits 0.5, 0.2 and 0.8 s: the median
+    assert stats["tpot_s"] == pytest.approx(0.2)  # 0.4 s over 2 gaps and 0.8 s over 4: the one-token request has none
+    assert stats["throughput_tok_s"] == pytest.approx(9 / 1.8)
+    assert tun.latency_p95(trace)["tpot_s"] == pytest.approx(0.2)
+    with pytest.raises(ValueError, match="quantile"):
+        tun.latency_p95(trace, q=95)
+    trace[0].output = []
+    with pytest.raises(ValueError, match="not served"):
+        tun.latency_p95(trace)
