@@ -39,9 +39,9 @@ WORKSHOP_PLAN: dict[str, tuple[int, int]] = {
     "06_fused_softmax": (14, 25),  # part 1 of lesson 06, with its lab (whose Triton task part 2 teaches)
     "06_gpu_kernels_triton": (6, 0),  # part 2 of lesson 06: its Triton task is in lesson 06's lab
     "06_numerics": (15, 0),  # part 3 of lesson 06: no lab of its own
-    "07_llm_inference": (11, 0),  # lesson 07's lab comes after part 2: its second task is part 2's scheduler
-    "07_llm_scheduling": (9, 25),  # part 2 of lesson 07, then the lesson's lab
-    "07_llm_serving": (15, 0),  # part 3 of lesson 07: no lab of its own
+    "07_llm_inference": (11, 0),  # lesson 07's lab comes after part 3: its tasks are parts 1, 2 and 3's
+    "07_llm_scheduling": (9, 0),  # part 2 of lesson 07 (the lab's scheduler task): the lab comes after part 3
+    "07_llm_serving": (15, 45),  # part 3 of lesson 07, then the lesson's lab (KV cache, scheduler, prefix cache)
     "07_llm_tuning": (15, 0),  # part 4 of lesson 07: no lab of its own
     "08_interview_prep": (10, 20),
 }
