@@ -276,3 +276,11 @@ def test_site_build_needs_lesson_notebooks(tmp_path):
     with pytest.raises(FileNotFoundError, match="no lesson notebooks"):
         site.lesson_pages(tmp_path, tmp_path)
     assert env.repo_root().joinpath("notebooks").is_dir()
+
+
+def test_repository_links_become_book_links_or_plain_text():
+    fixed = site._book_links("[a](../docs/source-coverage.md), [b](../labs/02_graphs_lab.ipynb#x), "
+                             "[c](02_graphs.ipynb) ![d](../x.png)", "notebooks")
+    assert fixed == ("a (`docs/source-coverage.md` in the repository), [b](labs/02_graphs_lab.ipynb#x), "
+                     "[c](02_graphs.ipynb) ![d](../x.png)")
+    assert site._book_links("[lesson](../notebooks/02_graphs.ipynb)", "labs") == "[lesson](../02_graphs.ipynb)"

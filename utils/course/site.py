@@ -220,6 +220,26 @@ def _copy_local_images(markdown: str, base: Path, dest: Path) -> None:
             shutil.copy2(src, dest / ref)
 
 
+_MD_LINK = re.compile(r"(?<!!)\[([^\]\n]+)\]\((\.\./[^)\s#]+)(#[^)\s]*)?\)")
+
+
+def _book_links(markdown: str, authored_in: str) -> str:
+    """Links written relative to the repository folder a notebook lives in (notebooks/ or labs/), made relative to
+    the book: a lesson or lab becomes a link to its page, any other repository file plain text naming it (the book
+    has no page for it, and a link would be broken)."""
+    def fix(found: re.Match) -> str:
+        text, target, anchor = found.group(1), found.group(2), found.group(3) or ""
+        repo_path = Path(authored_in, target).as_posix()
+        parts = Path(repo_path.replace("notebooks/../", "").replace("labs/../", "")).parts
+        book = {"notebooks": "", "labs": "labs/"}.get(parts[0]) if len(parts) == 2 else None
+        if book is not None and parts[1].endswith(".ipynb"):
+            here = "../" if authored_in == "labs" else ""
+            return f"[{text}]({here}{book}{parts[1]}{anchor})"
+        where = "/".join(parts)
+        return text if where in text else f"{text} (`{where}` in the repository)"
+    return _MD_LINK.sub(fix, markdown)
+
+
 def _banner(page: Page) -> str:
     if not page.executed:
         return (":::{note}\nThis lesson has not been run on this machine yet, so the page shows its code without "
@@ -236,9 +256,11 @@ def _stage_notebook(page: Page, dest: Path, banner: str = "") -> None:
 
     nb = nbformat.read(str(page.notebook), as_version=4)
     nb.metadata.pop("widgets", None)
+    authored_in = "labs" if dest.parent.name == "labs" else "notebooks"
     for cell in nb.cells:
         if cell.cell_type == "markdown":
             _copy_local_images(cell.source, page.notebook.parent, dest.parent)
+            cell.source = _book_links(cell.source, authored_in)
     if banner:
         first = next((i for i, c in enumerate(nb.cells)
                       if c.cell_type == "markdown" and re.search(r"^# ", c.source, re.M)), -1)
