@@ -90,7 +90,7 @@ grade:  ## grade submitted labs into a CSV and a leaderboard page: make grade SU
 	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=path/to/folder" >&2; exit 2; }
 	@$(ENV) && $$PY -m utils.course.grade "$(SUBMISSIONS)" $(GRADE_ARGS)
 
-site:  ## render the executed course to static HTML under build/site/ (offline)
+site:  ## the executed course as an offline book (Sphinx: sidebar by lesson and part, search) in build/site/
 	@$(ENV) && $$PY -m utils.course.site
 
 agenda:  ## workshop agenda from the measured run times (updates docs/INSTRUCTOR.md)

@@ -182,7 +182,10 @@ def main(argv=None) -> int:
     if not args.no_report:
         md = render.render()
         print(f"report: {md} and {render.render_html(md)}")
-        print(f"static site (offline): {site.build(out_dir)}")
+        try:
+            print(f"static site (offline): {site.build(out_dir)}")
+        except site.SiteUnavailable as exc:
+            print(f"static site skipped: {exc}")
     return 0
 
 
