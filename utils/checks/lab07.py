@@ -17,7 +17,9 @@ import statistics
 import torch
 
 from utils import llm
+from utils import llm_serving as srv
 from utils.checks import LabCheckFailed, call, expect, expect_target, figure, no_reference, passed
+from utils.core import bench, env, verdict
 
 MIN_KV_SPEEDUP = 1.2  # per-token, at the longest position; the lesson measures several times more
 MIN_BATCHING_GAIN = 1.2  # continuous over static throughput; the lesson measures about 2x
@@ -148,7 +150,6 @@ _LOOKUP_BLOCK = 4  # block size of the lookup check's allocator: short token lis
 
 def _prefix_reference():
     """The course's own implementation of task 3: an answer that calls it is refused (utils.checks.no_reference)."""
-    from utils import llm_serving as srv
 
     return (srv.BlockAllocator.lookup, srv.PagedEngine.prefill)
 
@@ -163,7 +164,6 @@ def check_prefix_lookup(find_cached_blocks) -> list[int]:
     a prompt ending inside a block, one diverging in its second block, one whose first block differs (its later
     blocks alone must not match), one shorter than a block, cached blocks nobody holds (on the free list), and a
     sequence whose first block was evicted (a hole)."""
-    from utils import llm_serving as srv
 
     bs = _LOOKUP_BLOCK
     seq = [7, 3, 9, 1, 4, 4, 8, 2, 6, 0, 5, 3, 9, 9]  # 3 full blocks of 4 and 2 tokens
@@ -236,7 +236,6 @@ def prefix_trace(tok, smoke: bool) -> list:
     """The TTFT trace (lesson 07, part 3's experiment): requests sharing one system prompt (the corpus's start), each
     followed by its own question (a corpus line, 24 tokens), one output token each: the time to first token is the
     prefill."""
-    from utils import llm_serving as srv
 
     n, sys_len = _prefix_sizes(smoke)
     questions = [tok.encode(s.strip())[:24] for s in llm.corpus_text().splitlines()[1 : n + 1]]
@@ -255,7 +254,6 @@ def _prefix_engine(model, num_blocks: int, block_size: int, max_seqs: int, prefi
     library's own prefix cache off), then the bookkeeping the task leaves out: registering the prompt's full blocks in
     the prefix table, the sequence length, the first token. With `audit` (a callable), each call runs under
     no_reference and is audited right after it returns, before the bookkeeping."""
-    from utils import llm_serving as srv
 
     class LabPrefixEngine(srv.PagedEngine):
         @torch.inference_mode()
@@ -413,8 +411,6 @@ def check_prefix_cache(prefill_with_prefix, model, tok, smoke: bool | None = Non
     time to first token of the shared-system-prompt trace, served one request at a time with and without the cache in
     interleaved rounds: full mode judges it against PREFIX_TTFT_LINE; smoke mode reports it and judges correctness
     only."""
-    from utils import llm_serving as srv
-    from utils.core import bench, env, verdict
 
     smoke = env.smoke_default() if smoke is None else smoke
     bs = block_size
