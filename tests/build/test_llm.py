@@ -386,6 +386,12 @@ def test_lab07_checks_explain_wrong_answers(tmp_path, monkeypatch):
     with pytest.raises(LabCheckFailed, match="of shape"):
         lab07.check_kv_cache(lambda m, p, n: llm.generate(m, p, n)[0], model, tok, max_len=40, rounds=1)
 
+    def uncached(model, prompt, n_new):  # the right tokens, but the whole sequence through the model every step
+        return llm.generate(model, prompt, n_new)
+
+    with pytest.raises(LabCheckFailed, match=r"with a cache every position goes through the model once"):
+        lab07.check_kv_cache(uncached, model, tok, max_len=40, rounds=1)
+
     def never_releases(engine, trace):
         for slot, request in zip(engine.free_slots(), sorted(trace, key=lambda r: r.arrival), strict=False):
             engine.wait_until(request.arrival)
@@ -394,6 +400,19 @@ def test_lab07_checks_explain_wrong_answers(tmp_path, monkeypatch):
 
     with pytest.raises(LabCheckFailed, match="did not get all their tokens"):
         lab07.check_scheduler(never_releases, model, tok, n_requests=6, max_batch=2, rounds=1)
+
+    def one_at_a_time(engine, trace):  # right tokens, every slot released, but one request in flight at a time
+        for request in sorted(trace, key=lambda r: r.arrival):
+            engine.wait_until(request.arrival)
+            slot = engine.free_slots()[0]
+            engine.prefill(slot, request)
+            while not request.done:
+                engine.decode([slot])
+            engine.release(slot)
+        return trace
+
+    with pytest.raises(LabCheckFailed, match="decode steps kept .* tokens on average against static"):
+        lab07.check_scheduler(one_at_a_time, model, tok, n_requests=6, max_batch=2, rounds=1)
 
 
 def test_lab07_kv_check_catches_a_wrong_position_when_the_lab_model_repeats_one_token(tmp_path, monkeypatch):

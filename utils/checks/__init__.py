@@ -11,8 +11,8 @@ import sys
 import threading
 from collections.abc import Callable
 
-__all__ = ["LabCheckFailed", "call", "expect", "expect_speed", "expect_target", "passed", "figure", "no_reference",
-           "speed_targets_enforced"]
+__all__ = ["LabCheckFailed", "call", "expect", "expect_gain", "expect_speed", "expect_target", "passed", "figure",
+           "no_reference", "speed_targets_enforced"]
 
 # Speed targets are enforced for a learner and for `make grade`. The test suite runs the solutions with
 # WORKBOOK_SPEED_TARGETS=record: timing thresholds are benchmarks, not tests (DESIGN.md), so there a missed target is
@@ -62,6 +62,26 @@ def expect_target(met: bool, could_meet: bool, undecided: str, missed: str) -> N
     interval still reaches the target (`could_meet`: the rounds disagree, run again), with `missed` when it does not."""
     if not met:
         expect_speed(False, undecided if could_meet else missed)
+
+
+def expect_gain(name: str, ratio, baseline: str, line: float, look: str, *, smoke: bool) -> str:
+    """A speedup measured in interleaved rounds (a bench.Ratio) judged against `line`; returns the printed verdict.
+
+    Smoke mode has too few rounds to judge, so it prints the gain and moves on. Otherwise expect_target() fails with
+    "undecided, run again" while the interval still reaches the line and with "no gain beyond the line" when it does
+    not; `look` (a question, never the answer) ends both messages."""
+    from utils.core import verdict
+
+    text = verdict.speed_line(name, ratio, baseline, line)
+    if smoke:
+        print(f"SMOKE MODE: the gain is reported, not judged (too few rounds to judge); correctness is judged. {text}")
+        return text
+    judged = ratio.judged
+    expect_target(verdict.speed(ratio, line) == verdict.FASTER, judged is not None and judged[1] >= line,
+                  f"the gain was not measurable: {text}. The rounds disagree, as they do when other programs keep "
+                  f"this machine's cores busy: run the check again. {look}",
+                  f"no gain beyond the line: {text}; the task wants every round above {line:.2f}x. {look}")
+    return text
 
 
 def passed(check: str, detail: str = "") -> None:

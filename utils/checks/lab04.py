@@ -13,7 +13,7 @@ import sys
 import threading
 from pathlib import Path
 
-from utils.checks import LabCheckFailed, call, expect, expect_target, figure, passed
+from utils.checks import LabCheckFailed, call, expect, expect_gain, expect_target, figure, passed
 from utils.conversion import onnx_tools
 from utils.core import bench, env, onnx_io, verdict
 
@@ -437,18 +437,9 @@ def check_graph_pass(pass_fn) -> dict:
     print(f"{GRAPH_PASS_DEPTH}-layer MLP, width {GRAPH_PASS_WIDTH}, batch {GRAPH_PASS_BATCH}, {nodes}; ONNX Runtime "
           f"with its optimizations off, 1 thread: original {res['original'].median_ms:.3f} ms, after your pass "
           f"{res['after your pass'].median_ms:.3f} ms per batch")
-    line = verdict.speed_line("after your pass", ratio, "the original graph", GRAPH_PASS_LINE)
-    if smoke:
-        print(f"SMOKE MODE: the gain is reported, not judged (too few rounds to judge); correctness is judged. {line}")
-    else:
-        met = verdict.speed(ratio, GRAPH_PASS_LINE) == verdict.FASTER
-        look = ("Look at what ONNX Runtime runs per layer after your pass: how many nodes, and which intermediate "
-                "tensors are still written to memory and read back?")
-        expect_target(met, ratio.judged is not None and ratio.judged[1] >= GRAPH_PASS_LINE,
-                      f"the gain was not measurable: {line}. The rounds disagree, as they do when other programs keep "
-                      f"this machine's cores busy: run the check again. {look}",
-                      f"no gain beyond the line: {line}; the task wants every round above {GRAPH_PASS_LINE:.2f}x. "
-                      f"{look}")
+    line = expect_gain("after your pass", ratio, "the original graph", GRAPH_PASS_LINE,
+                       "Look at what ONNX Runtime runs per layer after your pass: how many nodes, and which "
+                       "intermediate tensors are still written to memory and read back?", smoke=smoke)
     passed("graph pass", f"{nodes} on the deep graph (small graph: max abs error {err:.1e}, deep: {err_deep:.1e}); "
                          f"{line}")
     figure("graph_pass_speedup", ratio.value, "x")
