@@ -392,6 +392,11 @@ def test_lab07_checks_explain_wrong_answers(tmp_path, monkeypatch):
     with pytest.raises(LabCheckFailed, match=r"with a cache every position goes through the model once"):
         lab07.check_kv_cache(uncached, model, tok, max_len=40, rounds=1)
 
+    with pytest.raises(LabCheckFailed, match="llm.generate_cached, the course's reference implementation"):
+        lab07.check_kv_cache(llm.generate_cached, model, tok, max_len=40, rounds=1)
+    with pytest.raises(LabCheckFailed, match="run_continuous, the course's reference implementation"):
+        lab07.check_scheduler(llm.run_continuous, model, tok, n_requests=6, max_batch=2, rounds=1)
+
     def never_releases(engine, trace):
         for slot, request in zip(engine.free_slots(), sorted(trace, key=lambda r: r.arrival), strict=False):
             engine.wait_until(request.arrival)

@@ -6,10 +6,13 @@ message that says what was expected, what came, and which TODO to fill in (gener
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import sys
 import threading
 from collections.abc import Callable
+
+from utils.core import verdict
 
 __all__ = ["LabCheckFailed", "call", "expect", "expect_gain", "expect_speed", "expect_target", "passed", "figure",
            "no_reference", "speed_targets_enforced"]
@@ -70,8 +73,6 @@ def expect_gain(name: str, ratio, baseline: str, line: float, look: str, *, smok
     Smoke mode has too few rounds to judge, so it prints the gain and moves on. Otherwise expect_target() fails with
     "undecided, run again" while the interval still reaches the line and with "no gain beyond the line" when it does
     not; `look` (a question, never the answer) ends both messages."""
-    from utils.core import verdict
-
     text = verdict.speed_line(name, ratio, baseline, line)
     if smoke:
         print(f"SMOKE MODE: the gain is reported, not judged (too few rounds to judge); correctness is judged. {text}")
@@ -109,7 +110,7 @@ def no_reference(*functions: Callable, what: str = "your function"):
     in the block), Python functions by their code object and built-ins (C functions such as torch's) by identity, so
     an answer that only wraps the reference cannot pass. That failure replaces any other one the block raised."""
     names = {}
-    for fn in functions:
+    for fn in map(inspect.unwrap, functions):  # a decorated function (torch.inference_mode, ...) by its own code
         key = getattr(fn, "__code__", None) or (fn if callable(fn) and not hasattr(fn, "__dict__") else None)
         if key is None:
             raise TypeError(f"no_reference() takes Python functions or built-ins, got {fn!r}")

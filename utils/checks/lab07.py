@@ -5,9 +5,10 @@ schedule_continuous(engine, trace), the iteration-level scheduler loop over the 
 paged engine (utils.llm_serving), find_cached_blocks(alloc, tokens), the prefix-table lookup, and
 prefill_with_prefix(engine, slot, tokens), a prefill that shares the cached full blocks and computes only the rest.
 The checks compare tokens (and for the prefix cache the logits and every position's keys and values) with the
-reference engines, and time the learner's code against the reference in the same run. The prefix-cache checks run the
-learner's functions under utils.checks.no_reference: an answer that calls BlockAllocator.lookup or PagedEngine.prefill
-(the course's own implementation) fails.
+reference engines, and time the learner's code against the reference in the same run. Every task runs the
+learner's functions under utils.checks.no_reference: an answer that calls the course's own implementation of the task
+(llm.generate_cached or llm.forward_cached; llm.run_continuous or another of the course's schedulers;
+BlockAllocator.lookup or PagedEngine.prefill) fails.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 
 from utils import llm
 from utils import llm_serving as srv
+from utils import llm_tuning as tun
 from utils.checks import LabCheckFailed, call, expect, expect_gain, figure, no_reference, passed
 from utils.core import bench, env
 
@@ -57,7 +59,9 @@ def check_kv_cache(generate_with_cache, model, tok, max_len: int = 256, rounds: 
                 embedded = []  # positions per row the model embeds: a cached loop embeds each position once
                 hook = m.tok_emb.register_forward_hook(lambda _, args, __, seen=embedded: seen.append(args[0].shape[-1]))
                 try:
-                    got = call(generate_with_cache, m, prompt, n_new, what="generate_with_cache(model, prompt, n_new)")
+                    with no_reference(llm.generate_cached, llm.forward_cached, what="your generate_with_cache"):
+                        got = call(generate_with_cache, m, prompt, n_new,
+                                   what="generate_with_cache(model, prompt, n_new)")
                 finally:
                     hook.remove()
                 expect(isinstance(got, torch.Tensor),
@@ -118,7 +122,11 @@ def check_scheduler(schedule_continuous, model, tok, n_requests: int = 64, max_b
         for name, schedule in (("static", llm.run_static), ("yours", schedule_continuous)):
             engine = llm.Engine(model, max_batch, max_len=256)
             requests = llm.fresh(trace)
-            call(schedule, engine, requests, what="schedule_continuous(engine, trace)")
+            if name == "yours":
+                with no_reference(llm.run_continuous, srv.run_paged, tun.run_budgeted, what="your schedule_continuous"):
+                    call(schedule, engine, requests, what="schedule_continuous(engine, trace)")
+            else:
+                call(schedule, engine, requests, what="run_static(engine, trace)")
             unfinished = [r.id for r in requests if not r.done]
             expect(not unfinished, f"{name}: requests {unfinished[:8]} did not get all their tokens (each needs "
                                    "max_new); keep looping while any request is pending, waiting or running")
