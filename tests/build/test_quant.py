@@ -235,6 +235,16 @@ def test_ort_calibrators_minmax_keeps_a_glitch_percentile_cuts_it(tmp_path):
     fp32 = onnx_io.ort_session(path).run(None, {"pixels": data[4:8].numpy()})[0]
     int8 = onnx_io.ort_session(out).run(None, {"pixels": data[4:8].numpy()})[0]
     assert int8.shape == (4, 10) and abs(int8 - fp32).max() < 0.1 * abs(fp32).max()
+    np = pytest.importorskip("numpy")
+    onnx = pytest.importorskip("onnx")
+    from onnx import numpy_helper
+
+    def int8_weight_amax(p):
+        return max(int(np.abs(numpy_helper.to_array(t).astype(np.int32)).max())
+                   for t in onnx.load(str(p)).graph.initializer if t.data_type == onnx.TensorProto.INT8 and t.dims)
+
+    reduced = calibrate.quantize_static_with(path, tmp_path / "q7.onnx", entropy, workdir=tmp_path, reduce_range=True)
+    assert int8_weight_amax(out) > 64 >= int8_weight_amax(reduced)  # 7-bit weights: no int16 pair can saturate
     with pytest.raises(ValueError, match="unknown calibration method"):
         calibrate.tensors_data(path, "pixels", batches, "Median", workdir=tmp_path)
 

@@ -72,9 +72,11 @@ def ranges(data) -> dict[str, tuple[float, float]]:
     return {name: (scalar(t.range_value[0]), scalar(t.range_value[1])) for name, t in data.items()}
 
 
-def quantize_static_with(model_path: Path, out_path: Path, data, *, workdir: Path) -> Path:
+def quantize_static_with(model_path: Path, out_path: Path, data, *, workdir: Path, reduce_range: bool = False) -> Path:
     """ONNX Runtime static int8 (QDQ; weights int8 per channel, activations uint8) with the ranges in `data` (a
-    TensorsData from tensors_data), handed to quantize_static as its calibration cache."""
+    TensorsData from tensors_data), handed to quantize_static as its calibration cache. reduce_range=True quantizes
+    the weights to 7 bits, which ONNX Runtime advises on x86 CPUs without VNNI: its u8 x s8 kernel there sums pairs of
+    products in saturating int16 (lesson 04 part 3 reads the CPU's flags to decide)."""
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.calibrate import save_tensors_data
 
@@ -85,7 +87,7 @@ def quantize_static_with(model_path: Path, out_path: Path, data, *, workdir: Pat
     with _quiet():
         quantize_static(str(model_path), str(out_path), None, quant_format=QuantFormat.QDQ, per_channel=True,
                         weight_type=QuantType.QInt8, activation_type=QuantType.QUInt8, calibrate_method=method,
-                        calibration_cache_path=cache)
+                        calibration_cache_path=cache, reduce_range=reduce_range)
     return Path(out_path)
 
 
