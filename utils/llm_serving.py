@@ -435,7 +435,10 @@ def speculative_greedy(target: TinyGPT, draft: TinyGPT, prompt: torch.Tensor, n_
     """Greedy speculative decoding (lesson 07, part 3): the draft proposes k tokens one cheap step at a time, the
     target scores all of them in ONE pass, the longest run that matches the target's own choices is kept, plus the
     target's token after it. Every kept token is the target's greedy choice, so the output is the target's greedy
-    output. `stats` (a dict) receives rounds, proposed and accepted counts.
+    output. `stats` (a dict) receives rounds, proposed, accepted and checked counts: a round checks its guesses up to
+    and including the first rejection (all k when none is rejected), so accepted / checked is the per-guess acceptance
+    probability alpha of Leviathan et al.'s (1 - alpha^(k+1)) / (1 - alpha); accepted / proposed is lower, because the
+    guesses after a rejection are never checked.
     """
     _check_pair(target, draft, k)
     if prompt.dim() != 1 or prompt.numel() < 1 or n_new < 1:
@@ -446,7 +449,7 @@ def speculative_greedy(target: TinyGPT, draft: TinyGPT, prompt: torch.Tensor, n_
     tc, dc = KVCache(target.cfg, 1, total), KVCache(draft.cfg, 1, total)
     seq = prompt.tolist()
     seq.append(int(forward_positions(target, prompt[None], tc)[0, -1].argmax()))  # the prefill's token
-    rounds = accepted = 0
+    rounds = accepted = checked = 0
     while len(seq) - prompt.numel() < n_new:
         guess = []
         for _ in range(k):  # 1. the draft proposes k tokens (first catching up on any token it has not seen)
@@ -461,9 +464,9 @@ def speculative_greedy(target: TinyGPT, draft: TinyGPT, prompt: torch.Tensor, n_
         seq += guess[:n] + [want[n]]  # the target's own token after the kept run: a correction, or a bonus
         tc.length = min(tc.length, old + n)  # 4. roll both caches back to the positions whose tokens stand
         dc.length = min(dc.length, old + n)
-        rounds, accepted = rounds + 1, accepted + n
+        rounds, accepted, checked = rounds + 1, accepted + n, checked + min(n + 1, k)
     if stats is not None:
-        stats.update(rounds=rounds, proposed=rounds * k, accepted=accepted)
+        stats.update(rounds=rounds, proposed=rounds * k, accepted=accepted, checked=checked)
     return seq[prompt.numel() : prompt.numel() + n_new]
 
 

@@ -2,7 +2,7 @@
 
 - ``ChunkedEngine``: lesson 07's engine with prompts prefilled in chunks (``prefill_chunk``) and the time of every
   token kept (``token_times``), so inter-token latency (ITL) can be read per request.
-- ``run_budgeted(engine, trace, token_budget)``: the iteration-level scheduler of part 1 under a per-step token
+- ``run_budgeted(engine, trace, token_budget)``: the iteration-level scheduler of part 2 under a per-step token
   budget: each step decodes every running request (one token each) and spends what is left of the budget on prompt
   chunks (chunked prefill, as in Sarathi-Serve and vLLM's ``enable_chunked_prefill``). ``token_budget=None`` prefills
   each admitted prompt whole, in one step: the baseline, through the same code.

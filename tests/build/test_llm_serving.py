@@ -146,8 +146,11 @@ def test_speculative_greedy_is_the_targets_greedy_output(model, k):
         stats = {}
         assert srv.speculative_greedy(model, draft, prompt, 40, k=k, stats=stats) == want
         assert stats["proposed"] == stats["rounds"] * k and 0 <= stats["accepted"] <= stats["proposed"]
+        # checked: the guesses up to and including each round's first rejection; one rejection per round that has one
+        rejected = stats["checked"] - stats["accepted"]
+        assert stats["accepted"] <= stats["checked"] <= stats["proposed"] and 0 <= rejected <= stats["rounds"]
     # the target as its own draft: every guess accepted, k + 1 tokens per round after the prefill's first
-    assert stats["accepted"] == stats["proposed"] and stats["rounds"] == math.ceil(39 / (k + 1))
+    assert stats["accepted"] == stats["checked"] == stats["proposed"] and stats["rounds"] == math.ceil(39 / (k + 1))
     with pytest.raises(ValueError, match="vocabulary"):
         srv.speculative_greedy(model, _model(vocab=5), prompt, 4)
     with pytest.raises(ValueError, match="k \\(tokens"):
