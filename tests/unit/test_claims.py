@@ -229,6 +229,10 @@ def test_the_amp_claim_says_whether_the_hardware_prediction_held():
     missed = _results(**{"03_training_bound": {"metrics": {"amp_speedup": 1.02, "amp_prediction": "faster",
                                                            "amp_prediction_held": False}}})
     assert "did not hold" in _by_id(claims.evaluate(missed))["amp-training-speedup"].reason
+    beyond = _results(**{"03_training_bound": {"metrics": {"amp_speedup": 0.055, "amp_prediction": "slower",
+                                                           "amp_prediction_held": "did not hold"}}})
+    assert "slower as predicted but outside the predicted band" in _by_id(claims.evaluate(beyond))[
+        "amp-training-speedup"].reason
     fast = _results(**{"03_training_bound": {"metrics": {"amp_speedup": 1.4}}})
     row = _by_id(claims.evaluate(fast))["amp-training-speedup"]
     assert row.verdict == "holds" and "predicted" not in row.reason

@@ -206,6 +206,12 @@ def _prediction_note(c: Claim, results: dict[str, dict]) -> str:
         return ""
     outcome = {"held": "held: the verdict is what this hardware should give", "did not hold": "did not hold",
                "undecided": "is undecided: the measurement's interval straddles the predicted band"}[held]
+    lesson, metric = c.metrics[0]
+    measured = results.get(lesson, {}).get("metrics", {}).get(metric)
+    side = {"slower": lambda v: v <= 1 / c.low, "faster": lambda v: v >= c.low}.get(predicted)  # past the claim's line
+    if held == "did not hold" and side and isinstance(measured, int | float) and side(measured):  # missed the band
+        outcome = (f"did not hold in size: measured {format_value(measured, c.unit)}, {predicted} as predicted but "
+                   "outside the predicted band")
     return f"; predicted from this machine's hardware before measuring: {predicted}, and the prediction {outcome}"
 
 
