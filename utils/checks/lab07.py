@@ -143,17 +143,16 @@ def check_scheduler(schedule_continuous, model, tok, n_requests: int = 64, max_b
         print(f"  {name:7s} {s['throughput_tok_s']:7.0f} tokens/s, TTFT p50 {s['ttft_p50_s'] * 1e3:6.1f} ms, "
               f"{s['decode_steps']} decode steps, mean batch {s['mean_batch']:.1f}, {s['wasted_fraction']:.0%} wasted "
               f"(best of {rounds} rounds)")
+    look = "How full is each of your steps, and how many steps does a waiting request wait for a slot?"
     for yours, static in zip(stats["yours"], stats["static"], strict=True):
         expect(yours["useful_per_step"] > static["useful_per_step"],
                f"each of your decode steps kept {yours['useful_per_step']:.2f} tokens on average against static "
                f"batching's {static['useful_per_step']:.2f} on the same trace (max_batch {max_batch}; you ran "
-               f"{yours['decode_steps']} decode steps, static {static['decode_steps']}). How full is each of your "
-               "steps, and how many steps does a waiting request wait for a slot?")
+               f"{yours['decode_steps']} decode steps, static {static['decode_steps']}). {look}")
     # throughput is tokens per second, so its inverse is the per-round time a Ratio compares
     ratio = bench.Ratio.from_times([1 / s["throughput_tok_s"] for s in stats["static"]],
                                    [1 / s["throughput_tok_s"] for s in stats["yours"]])
-    line = expect_gain("your scheduler's throughput", ratio, "static batching", MIN_BATCHING_GAIN,
-                       "How full is each of your steps, and how many steps does a waiting request wait for a slot?",
+    line = expect_gain("your scheduler's throughput", ratio, "static batching", MIN_BATCHING_GAIN, look,
                        smoke=env.smoke_default())
     passed("continuous batching", f"{len(trace)} requests served with the right tokens, more tokens per decode step "
            f"than static batching in every round; {line}")
