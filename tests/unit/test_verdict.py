@@ -73,3 +73,10 @@ def test_one_round_has_no_spread_to_judge():
     one = Ratio(2.0, 2.0, 2.0, rounds=1)
     assert verdict.speed(one) == "within noise" and "one round" in verdict.speed_line("a", one, "b")
     assert verdict.prediction(one, 1.0, 3.0) == "undecided"
+
+
+def test_speed_line_prints_three_decimals_where_two_would_put_an_edge_on_the_line():
+    near = verdict.speed_line("batch 8", Ratio(1.085, 1.0451, 1.342, 5), "batch 1")
+    assert "1.045-1.342" in near and "line 1.050x" in near and verdict.NOISE in near
+    clear = verdict.speed_line("batch 8", Ratio(1.3, 1.2, 1.4, 5), "batch 1")
+    assert "1.30x [1.20-1.40, 5 rounds]" in clear and verdict.FASTER in clear

@@ -184,8 +184,12 @@ class Ratio:
     def __format__(self, spec: str) -> str:
         return format(self.value, spec) if spec else str(self)
 
+    def text(self, digits: int = 2) -> str:
+        """'1.34x [1.28-1.41, 5 rounds]' with `digits` decimals (str() uses two)."""
+        return f"{self.value:.{digits}f}x [{self.low:.{digits}f}-{self.high:.{digits}f}, {self.rounds} rounds]"
+
     def __str__(self) -> str:
-        return f"{self.value:.2f}x [{self.low:.2f}-{self.high:.2f}, {self.rounds} rounds]"
+        return self.text(2)
 
 
 class Comparison(dict):

@@ -37,10 +37,18 @@ def _interval(measured) -> tuple[float, float] | None:
     return float(measured), float(measured)
 
 
-def _noise_note(ratio: Ratio) -> str:
+def _digits(ratio: Ratio, lines: tuple[float, ...]) -> int:
+    """Decimals to print a ratio with: three where an edge of its interval (raw or judged) would round onto one of
+    the lines it is judged against at two, so that a verdict never reads as contradicting the printed number."""
+    edges = [ratio.low, ratio.high, *(ratio.judged or ())]
+    return 3 if any(round(e, 2) == round(line, 2) for e in edges for line in lines) else 2
+
+
+def _noise_note(ratio: Ratio, digits: int = 2) -> str:
     if ratio.noisy and ratio.spread > 0:
         lo, hi = ratio.judged
-        return f"; noisy ({ratio.noisy}): judged on [{lo:.2f}-{hi:.2f}], the interval widened by {ratio.spread:.0%}"
+        return (f"; noisy ({ratio.noisy}): judged on [{lo:.{digits}f}-{hi:.{digits}f}], the interval widened by "
+                f"{ratio.spread:.0%}")
     if ratio.noisy:
         return f"; too noisy to judge ({ratio.noisy})"
     if ratio.rounds < 2:
@@ -69,7 +77,9 @@ def speed(ratio: Ratio, threshold: float = DEFAULT_THRESHOLD) -> str:
 def speed_line(name: str, ratio: Ratio, baseline: str, threshold: float = DEFAULT_THRESHOLD) -> str:
     """One printed line: '<name> vs <baseline>: 1.34x [1.28-1.41, 5 rounds] -> faster (line 1.05x)'."""
     word = speed(ratio, threshold)
-    line = f"{name} vs {baseline}: {ratio} -> {word} (line {threshold:.2f}x either way)" + _noise_note(ratio)
+    digits = _digits(ratio, (threshold, 1 / threshold, 1.0))
+    line = (f"{name} vs {baseline}: {ratio.text(digits)} -> {word} (line {threshold:.{digits}f}x either way)"
+            + _noise_note(ratio, digits))
     judged = _interval(ratio)
     if word == NOISE and judged and (judged[0] > 1 or judged[1] < 1):  # consistent, but smaller than the line
         side = "faster" if judged[0] > 1 else "slower"
@@ -101,12 +111,12 @@ def prediction_line(what: str, measured, low: float, high: float | None = None, 
     word = prediction(measured, low, high)
     rng = f"at least {low:.4g}{unit}" if high is None else f"{low:.4g}-{high:.4g}{unit}"
     if isinstance(measured, Ratio):  # three decimals: an edge of the range must read as the verdict reads it
-        shown = f"{measured.value:.3f}x [{measured.low:.3f}-{measured.high:.3f}, {measured.rounds} rounds]"
+        shown = measured.text(3)
     else:
         shown = f"{float(measured):.4g}{unit}"
     line = f"{what}: predicted {rng}, measured {shown} -> {word}"
     if isinstance(measured, Ratio):
-        line += _noise_note(measured)
+        line += _noise_note(measured, 3)
     if isinstance(measured, Ratio) and measured.caveat:
         line += f"; not like for like: {measured.caveat}"
     return line
