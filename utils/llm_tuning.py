@@ -12,6 +12,9 @@
   when attention reads them; ``teacher_forced_logits`` runs a text through the model one token at a time on a cache.
 - ``latency_p95``: TTFT p95, TPOT p95 and throughput of a served trace, the numbers a latency budget (an SLO) is
   written against (section 3 sweeps max_batch against one).
+- ``predicted_tpot_quantile``: the TPOT quantile a full batch should show, from a decode step and a prefill timed
+  alone and the trace's answer lengths; ``budget_prediction``: whether "the largest max_batch within budget is P"
+  held, from the per-size budget verdicts.
 """
 
 from __future__ import annotations
@@ -23,11 +26,12 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from utils.core import verdict
 from utils.llm import Engine, KVCache, Request, TinyGPT, summarize
 from utils.llm_serving import forward_positions
 
 __all__ = ["ChunkedEngine", "run_budgeted", "inter_token_gaps", "with_long_prompts", "Int8KVCache",
-           "teacher_forced_logits", "latency_p95"]
+           "teacher_forced_logits", "latency_p95", "predicted_tpot_quantile", "budget_prediction"]
 
 
 class ChunkedEngine(Engine):
@@ -234,3 +238,42 @@ def latency_p95(trace: Sequence[Request], q: float = 0.95) -> dict:
                         dtype=torch.float64)
     return {"ttft_s": float(ttft.quantile(q)), "tpot_s": float(tpot.quantile(q)) if tpot.numel() else math.nan,
             "throughput_tok_s": stats["throughput_tok_s"]}
+
+
+def predicted_tpot_quantile(lengths: Sequence[int], t_step_ms: float, t_prefill_ms: float, batch: int,
+                            mean_new: float, q: float = 0.95, draws: int = 200, seed: int = 0) -> float:
+    """The TPOT quantile `q` (ms) of a full batch of `batch` requests, predicted before serving (lesson 07, part 4).
+
+    A request of n tokens waits n - 1 decode steps of ``t_step_ms``, plus the prefill (``t_prefill_ms`` each) of
+    every request admitted beside it meanwhile. In a full batch, ``batch / mean_new`` requests finish per step and as
+    many are admitted, so the admissions during its n - 1 steps are Poisson with mean (n - 1) * batch / mean_new,
+    and its TPOT is ``t_step_ms + t_prefill_ms * K / (n - 1)``: the mean does not depend on n, the spread does (a short
+    answer that meets two admissions pays them over few tokens). The quantile is taken over `draws` draws of K for
+    each of `lengths` (requests of one token have no TPOT and are left out, as ``latency_p95`` leaves them out).
+    """
+    if batch < 1 or mean_new <= 0 or not 0 < q < 1 or t_step_ms <= 0 or t_prefill_ms < 0:
+        raise ValueError(f"needs batch >= 1, mean_new > 0, 0 < q < 1, t_step_ms > 0, t_prefill_ms >= 0; got "
+                         f"batch={batch}, mean_new={mean_new}, q={q}, t_step_ms={t_step_ms}, t_prefill_ms={t_prefill_ms}")
+    gaps = torch.tensor([n - 1 for n in lengths if n > 1], dtype=torch.float64)
+    if not gaps.numel():
+        raise ValueError("no request has two tokens or more: TPOT is not defined for this trace")
+    g = torch.Generator().manual_seed(seed)
+    rates = (gaps * batch / mean_new).repeat(draws)
+    admitted = torch.poisson(rates, generator=g)
+    tpot = t_step_ms + t_prefill_ms * admitted / gaps.repeat(draws)
+    return float(tpot.quantile(q))
+
+
+def budget_prediction(within: dict[int, str], predicted: int) -> str:
+    """Did "the largest max_batch within budget is `predicted`" (0: none) hold? `within[b]` is each size's verdict on
+    its budget (``verdict.HELD``: within it in every round; ``NOT_HELD``: over it in every round; else undecided).
+    Held when the predicted size is within budget and every larger size is not; did not hold when the predicted size
+    is over budget or a larger size is within it; undecided otherwise."""
+    if predicted and predicted not in within:
+        raise ValueError(f"the predicted size {predicted} is not one of the sizes swept, {sorted(within)}")
+    larger = [w for b, w in within.items() if b > predicted]
+    if (predicted and within[predicted] == verdict.NOT_HELD) or verdict.HELD in larger:
+        return verdict.NOT_HELD
+    if (not predicted or within[predicted] == verdict.HELD) and all(w == verdict.NOT_HELD for w in larger):
+        return verdict.HELD
+    return verdict.UNDECIDED

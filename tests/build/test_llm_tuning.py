@@ -107,3 +107,24 @@ def test_latency_p95_reads_ttft_and_tpot_per_request():
     trace[0].output = []
     with pytest.raises(ValueError, match="not served"):
         tun.latency_p95(trace)
+
+
+def test_predicted_tpot_quantile_is_the_step_without_admissions_and_grows_with_short_answers():
+    assert tun.predicted_tpot_quantile([10, 20], 2.0, 5.0, batch=8, mean_new=1e9) == pytest.approx(2.0)
+    long_only = tun.predicted_tpot_quantile([64] * 20, 2.0, 5.0, batch=8, mean_new=24)
+    with_short = tun.predicted_tpot_quantile([64] * 19 + [3], 2.0, 5.0, batch=8, mean_new=24)
+    assert 2.0 + 5.0 * 8 / 24 < long_only < with_short  # the p95 sits above the mean; a short answer pushes it up
+    with pytest.raises(ValueError, match="no request has two tokens"):
+        tun.predicted_tpot_quantile([1, 1], 2.0, 5.0, batch=8, mean_new=24)
+
+
+@pytest.mark.parametrize(("within", "predicted", "word"), [
+    ({1: "held", 2: "held", 4: "did not hold"}, 2, "held"),
+    ({1: "held", 2: "held", 4: "held"}, 2, "did not hold"),        # a larger size also fits
+    ({1: "held", 2: "did not hold", 4: "did not hold"}, 2, "did not hold"),  # the predicted size does not fit
+    ({1: "held", 2: "undecided", 4: "did not hold"}, 2, "undecided"),
+    ({1: "did not hold", 2: "did not hold"}, 0, "held"),            # none predicted, none fits
+    ({1: "undecided", 2: "did not hold"}, 0, "undecided"),
+])
+def test_budget_prediction_reads_the_predicted_size_and_every_larger_one(within, predicted, word):
+    assert tun.budget_prediction(within, predicted) == word
