@@ -175,6 +175,7 @@ class PagedEngine(Engine):
         self.useful: list[int] = []
         self.blocks_in_use: list[int] = []  # at each decode step
         self.wasted_slot_steps = self.preemptions = 0
+        self.recomputed_tokens = 0  # positions a preemption threw away, computed again when the request returns
         self.prompt_tokens = self.computed_prompt_tokens = 0
         self._t0, self._skipped = time.perf_counter(), 0.0
 
@@ -324,6 +325,7 @@ class PagedEngine(Engine):
         """Take an unfinished request off the engine, freeing its blocks; prefill() recomputes it later (vLLM's
         preemption by recompute)."""
         self.preemptions += 1
+        self.recomputed_tokens += int(self.lengths[slot])
         return self.release(slot)
 
 

@@ -104,6 +104,7 @@ def test_run_paged_preempts_and_still_serves_the_greedy_tokens(model):
     engine = srv.PagedEngine(model, num_blocks=16, block_size=4, max_seqs=8)  # too few blocks for 8 sequences
     served = srv.run_paged(engine, llm.fresh(trace))
     assert engine.preemptions > 0
+    assert 3 * engine.preemptions <= engine.recomputed_tokens  # every preempted request had its prompt (>= 3) cached
     assert all(r.done and len(r.output) == r.max_new for r in served)
     assert sum(llm.verify_greedy(model, r.prompt, r.output) for r in served) == 0
     contiguous_engine = llm.Engine(model, 4, max_len=64)
