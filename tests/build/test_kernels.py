@@ -200,6 +200,19 @@ def test_accurate_exp_build_is_a_separate_op_with_the_same_parity():
     torch.testing.assert_close(accurate.ops.exp_only(x), torch.exp(x), atol=0, rtol=2e-7)
 
 
+def test_build_many_needs_one_dict_per_build():
+    with pytest.raises(TypeError, match="one dict"):
+        kernels.build_many()
+    with pytest.raises(TypeError, match="one dict"):
+        kernels.build_many("AVX2")
+
+
+@needs_cxx
+def test_build_many_returns_the_builds_in_order(ext):
+    fast, accurate = kernels.build_many({}, {"accurate_exp": True})
+    assert fast is ext and accurate is kernels.build(accurate_exp=True)  # the same loaded builds, in order
+
+
 @needs_cxx
 def test_naive_loop_matches_torch(ext):
     x = torch.randn(9, 300)

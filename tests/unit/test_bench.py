@@ -91,8 +91,16 @@ def test_compare_gives_one_callable_its_own_warmup_every_round():
 def test_a_measurement_rests_on_at_least_three_blocks():
     import time
 
-    res = bench.measure(lambda: time.sleep(0.02), min_run_time=0.001, warmup=0)  # each call outlasts min_run_time
+    calls = []
+
+    def slow():
+        calls.append(1)
+        time.sleep(0.02)
+
+    res = bench.measure(slow, min_run_time=0.001, warmup=0)  # each call outlasts min_run_time
     assert len(res.times_ms) >= bench.MIN_BLOCKS and res.runs >= bench.MIN_BLOCKS
+    # the calls: the block-size estimate and the timed blocks, no warm-up calls before the top-up blocks
+    assert len(calls) <= 1 + res.runs, f"{len(calls)} calls for {res.runs} timed ones"
     with pytest.raises(ValueError, match="min_blocks must be a positive int"):
         bench.measure(lambda: None, min_blocks=0)
 
