@@ -102,7 +102,7 @@ def measure(
     # many calls still amortises the timer, and a top-up costs at most the first block's time again
     # (torch's Measurement.merge pools the blocks' per-call times)
     number = max(1, -(-parts[0].number_per_run // min_blocks))
-    parts += [timer.timeit(number=number) for _ in range(min_blocks - len(parts[0].times))]
+    parts += [_block(fn, number, parts[0].task_spec) for _ in range(min_blocks - len(parts[0].times))]
     m = benchmark.Measurement.merge(parts)[0] if len(parts) > 1 else parts[0]
     return BenchResult(
         label=label or getattr(fn, "__name__", "fn"),
@@ -112,6 +112,36 @@ def measure(
         items=items,
         times_ms=tuple(t * 1e3 for t in m.times),
     )
+
+
+def _block(fn: Callable[[], object], number: int, task_spec):
+    """One timed block of `number` calls of a warm `fn` (measure's top-ups), as a torch Measurement.
+
+    Timer.timeit would first run max(number // 100, 2) warm-up calls: for a call that outlasts min_run_time (a top-up
+    block of one call) that triples the block's cost, and blocked_autorange has just run `fn`, so it is warm.
+    Like timeit: garbage collection off while the block runs, the thread count the Timer was given.
+    """
+    import gc
+
+    import torch
+    from torch.utils import benchmark
+
+    threads, gc_was_on = torch.get_num_threads(), gc.isenabled()
+    torch.set_num_threads(task_spec.num_threads)
+    gc.disable()
+    try:
+        sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(number):
+            fn()
+        sync()
+        elapsed = time.perf_counter() - t0
+    finally:
+        if gc_was_on:
+            gc.enable()
+        torch.set_num_threads(threads)
+    return benchmark.Measurement(number_per_run=number, raw_times=[elapsed], task_spec=task_spec)
 
 
 @dataclass(frozen=True)
