@@ -91,8 +91,11 @@ def test_compare_gives_one_callable_its_own_warmup_every_round():
 def test_a_measurement_rests_on_at_least_three_blocks():
     import time
 
-    res = bench.measure(lambda: time.sleep(0.02), min_run_time=0.001, warmup=0)  # each call outlasts min_run_time
+    calls = []
+    res = bench.measure(lambda: calls.append(time.sleep(0.02)), min_run_time=0.001, warmup=0)  # each outlasts it
     assert len(res.times_ms) >= bench.MIN_BLOCKS and res.runs >= bench.MIN_BLOCKS
+    # the three blocks cost one untimed call (blocked_autorange's block-size estimate), no warm-up per top-up block
+    assert len(calls) <= res.runs + 1, (len(calls), res.runs)
     with pytest.raises(ValueError, match="min_blocks must be a positive int"):
         bench.measure(lambda: None, min_blocks=0)
 

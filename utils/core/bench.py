@@ -99,10 +99,20 @@ def measure(
     )
     parts = [timer.blocked_autorange(min_run_time=min_run_time)]
     # top up to min_blocks blocks, each a 1/min_blocks share of the first block's calls (at least one call): a block of
-    # many calls still amortises the timer, and a top-up costs at most the first block's time again
+    # many calls still amortises the timer, and a top-up costs at most the first block's time again. Each top-up block
+    # is timed as it is (Timer._timeit): Timer.timeit() first runs max(number // 100, 2) untimed warm-up calls, which
+    # made a call slower than min_run_time cost 8 calls for its 3 timed blocks instead of 4 (blocked_autorange's
+    # block-size estimate, then the 3 blocks); these blocks follow calls of the same fn, so they start warm.
     # (torch's Measurement.merge pools the blocks' per-call times)
     number = max(1, -(-parts[0].number_per_run // min_blocks))
-    parts += [_block(fn, number, parts[0].task_spec) for _ in range(min_blocks - len(parts[0].times))]
+    missing = min_blocks - len(parts[0].times)
+    time_block = getattr(timer, "_timeit", None)  # private; a torch without it falls back to timeit() and its warm-up
+    if missing > 0 and time_block is None:
+        parts += [timer.timeit(number=number) for _ in range(missing)]
+    elif missing > 0:
+        with benchmark.utils.common.set_torch_threads(parts[0].task_spec.num_threads):
+            extra = [time_block(number) for _ in range(missing)]
+        parts.append(benchmark.Measurement(number_per_run=number, raw_times=extra, task_spec=parts[0].task_spec))
     m = benchmark.Measurement.merge(parts)[0] if len(parts) > 1 else parts[0]
     return BenchResult(
         label=label or getattr(fn, "__name__", "fn"),
@@ -112,36 +122,6 @@ def measure(
         items=items,
         times_ms=tuple(t * 1e3 for t in m.times),
     )
-
-
-def _block(fn: Callable[[], object], number: int, task_spec):
-    """One timed block of `number` calls of a warm `fn` (measure's top-ups), as a torch Measurement.
-
-    Timer.timeit would first run max(number // 100, 2) warm-up calls: for a call that outlasts min_run_time (a top-up
-    block of one call) that triples the block's cost, and blocked_autorange has just run `fn`, so it is warm.
-    Like timeit: garbage collection off while the block runs, the thread count the Timer was given.
-    """
-    import gc
-
-    import torch
-    from torch.utils import benchmark
-
-    threads, gc_was_on = torch.get_num_threads(), gc.isenabled()
-    torch.set_num_threads(task_spec.num_threads)
-    gc.disable()
-    try:
-        sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(number):
-            fn()
-        sync()
-        elapsed = time.perf_counter() - t0
-    finally:
-        if gc_was_on:
-            gc.enable()
-        torch.set_num_threads(threads)
-    return benchmark.Measurement(number_per_run=number, raw_times=[elapsed], task_spec=task_spec)
 
 
 @dataclass(frozen=True)
