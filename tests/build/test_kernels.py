@@ -132,8 +132,16 @@ def test_lab_checks_fail_clearly_on_stubs_and_wrong_formulas():
         lab06.check_inner_loop(stub)
     with pytest.raises(LabCheckFailed, match="never reads x"):
         lab06.check_inner_loop(lambda: "m = 0; s = 1;")
-    with pytest.raises(LabCheckFailed, match="keepdim"):
-        lab06.check_backward(lambda g, y: y * (g - (g * y).sum()))
+    wrong_backward = [  # typical wrong answers, each named by its symptom, none by the formula
+        (lambda g, y: y * (g - (g * y).sum()), "depends on that row alone"),  # summed over every row at once
+        (lambda g, y: y * (g - (g * y).sum(-1)), "raised RuntimeError.*line up"),  # the row sums do not broadcast
+        (lambda g, y: g - (g * y).sum(-1, keepdim=True), "sum to .*not 0"),  # the factor y is missing
+        (lambda g, y: y * g, "sum to .*not 0"),  # the diagonal term only
+    ]
+    for formula, symptom in wrong_backward:
+        with pytest.raises(LabCheckFailed, match=symptom) as info:
+            lab06.check_backward(formula)
+        assert "keepdim" not in str(info.value) and "y * (g" not in str(info.value)
     lab06.check_backward(lambda g, y: y * (g - (g * y).sum(-1, keepdim=True)))
 
 

@@ -316,6 +316,22 @@ def test_lab_checks_name_the_symptom():
     with pytest.raises(LabCheckFailed, match="saturate"):
         lab04q.check_int8_linear(lambda *a: good_linear(*a, clip=False))
 
+    def shifted(x, scale, zero_point, qmin, qmax):  # the zero point added twice
+        return good_quantize(x, scale, zero_point, qmin, qmax).add(zero_point).clamp(qmin, qmax)
+
+    def no_output_scale(qx, zx, sx, qw, sw, bias, s_out, z_out):  # requantized as if s_out were 1
+        return good_linear(qx, zx, sx, qw, sw, bias, 1.0, z_out)
+
+    recipes = ("divide by the scale", "sx*sw", "add z_out", "step x (code")  # the answer, which no message may give
+    for check, symptom in (
+        (lambda: lab04q.check_quantize(shifted, good_dequantize), "codes differ|saturate"),
+        (lambda: lab04q.check_quantize(good_quantize, lambda q, s, z: q.float() * s), "dequantize is off"),
+        (lambda: lab04q.check_int8_linear(no_output_scale), "Follow the units|saturate"),
+    ):
+        with pytest.raises(LabCheckFailed, match=symptom) as info:
+            check()
+        assert not any(r in str(info.value) for r in recipes), str(info.value)
+
 
 def test_lab_checks_refuse_the_reference_and_stubs():
     with pytest.raises(LabCheckFailed, match="reference implementation"):

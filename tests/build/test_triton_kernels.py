@@ -211,78 +211,181 @@ def test_tiled_matmul_counts_the_bytes_its_arithmetic_predicts(ts):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# lab 06: the Triton task (plain functions stand for the learner's kernels; the check interprets them)
+# lab 06: the Triton task, a looped (online) softmax for rows longer than one block (plain functions stand for the
+# learner's kernels; the check interprets them, with a BLOCK smaller than most of its rows)
 # ---------------------------------------------------------------------------------------------------------------------
 
 
 def kernel_correct(x_ptr, y_ptr, x_row_stride, y_row_stride, n_cols, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
+    m = -float("inf")
+    s = 0.0
+    for start in range(0, n_cols, BLOCK):
+        mask = start + cols < n_cols
+        x = tl.load(x_ptr + row * x_row_stride + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        ref = tl.where(m_new == -float("inf"), 0.0, m_new)
+        s = s * tl.exp(m - ref) + tl.sum(tl.exp(x - ref), axis=0)
+        m = m_new
+    for start in range(0, n_cols, BLOCK):
+        mask = start + cols < n_cols
+        x = tl.load(x_ptr + row * x_row_stride + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        y = tl.exp(x - m) / s
+        tl.store(y_ptr + row * y_row_stride + start + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def kernel_one_block(x_ptr, y_ptr, x_row_stride, y_row_stride, n_cols, BLOCK: tl.constexpr):
+    # the lesson's row kernel: right when the row fits one block, blind to the columns past BLOCK
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=-float("inf")).to(tl.float32)
     e = tl.exp(x - tl.max(x, axis=0))
     tl.store(y_ptr + row * y_row_stride + cols, e / tl.sum(e, axis=0), mask=mask)
 
 
-def kernel_no_padding_value(x_ptr, y_ptr, x_row_stride, y_row_stride, n_cols, BLOCK: tl.constexpr):
+def kernel_no_rescale(x_ptr, y_ptr, x_row_stride, y_row_stride, n_cols, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
-    mask = cols < n_cols
-    x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)  # padded lanes hold 0
-    e = tl.exp(x - tl.max(x, axis=0))
-    tl.store(y_ptr + row * y_row_stride + cols, e / tl.sum(e, axis=0), mask=mask)
+    m = -float("inf")
+    s = 0.0
+    for start in range(0, n_cols, BLOCK):
+        mask = start + cols < n_cols
+        x = tl.load(x_ptr + row * x_row_stride + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        m = tl.maximum(m, tl.max(x, axis=0))
+        ref = tl.where(m == -float("inf"), 0.0, m)
+        s = s + tl.sum(tl.exp(x - ref), axis=0)  # the sum so far stays measured against the old maximum
+    for start in range(0, n_cols, BLOCK):
+        mask = start + cols < n_cols
+        x = tl.load(x_ptr + row * x_row_stride + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        tl.store(y_ptr + row * y_row_stride + start + cols, tl.exp(x - m) / s, mask=mask)
+
+
+def kernel_three_reads(x_ptr, y_ptr, x_row_stride, y_row_stride, n_cols, BLOCK: tl.constexpr):
+    # right numbers, not online: one walk for the max, one for the sum, one to write
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    m = -float("inf")
+    for start in range(0, n_cols, BLOCK):
+        x = tl.load(x_ptr + row * x_row_stride + start + cols, mask=start + cols < n_cols, other=-float("inf"))
+        m = tl.maximum(m, tl.max(x.to(tl.float32), axis=0))
+    s = 0.0
+    for start in range(0, n_cols, BLOCK):
+        x = tl.load(x_ptr + row * x_row_stride + start + cols, mask=start + cols < n_cols, other=-float("inf"))
+        s = s + tl.sum(tl.exp(x.to(tl.float32) - m), axis=0)
+    for start in range(0, n_cols, BLOCK):
+        mask = start + cols < n_cols
+        x = tl.load(x_ptr + row * x_row_stride + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        tl.store(y_ptr + row * y_row_stride + start + cols, (tl.exp(x - m) / s).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def kernel_no_guard(x_ptr, y_ptr, x_row_stride, y_row_stride, n_cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    m = -float("inf")
+    s = 0.0
+    for start in range(0, n_cols, BLOCK):
+        mask = start + cols < n_cols
+        x = tl.load(x_ptr + row * x_row_stride + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)  # exp(-inf - (-inf)) while all is -inf
+        m = m_new
+    for start in range(0, n_cols, BLOCK):
+        mask = start + cols < n_cols
+        x = tl.load(x_ptr + row * x_row_stride + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        tl.store(y_ptr + row * y_row_stride + start + cols, (tl.exp(x - m) / s).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def kernel_pads_with_zero(x_ptr, y_ptr, x_row_stride, y_row_stride, n_cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    m = -float("inf")
+    s = 0.0
+    for start in range(0, n_cols, BLOCK):
+        mask = start + cols < n_cols
+        x = tl.load(x_ptr + row * x_row_stride + start + cols, mask=mask, other=0.0).to(tl.float32)  # counts 0s
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        ref = tl.where(m_new == -float("inf"), 0.0, m_new)
+        s = s * tl.exp(m - ref) + tl.sum(tl.exp(x - ref), axis=0)
+        m = m_new
+    for start in range(0, n_cols, BLOCK):
+        mask = start + cols < n_cols
+        x = tl.load(x_ptr + row * x_row_stride + start + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_ptr + row * y_row_stride + start + cols, (tl.exp(x - m) / s).to(y_ptr.dtype.element_ty), mask=mask)
 
 
 def kernel_unmasked_store(x_ptr, y_ptr, x_row_stride, y_row_stride, n_cols, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
-    x = tl.load(x_ptr + row * x_row_stride + cols, mask=cols < n_cols, other=-float("inf")).to(tl.float32)
-    e = tl.exp(x - tl.max(x, axis=0))
-    tl.store(y_ptr + row * y_row_stride + cols, e / tl.sum(e, axis=0))  # writes the padded lanes too
-
-
-def kernel_no_max(x_ptr, y_ptr, x_row_stride, y_row_stride, n_cols, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < n_cols
-    x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=-float("inf")).to(tl.float32)
-    e = tl.exp(x)  # no max subtracted: overflows for large logits
-    tl.store(y_ptr + row * y_row_stride + cols, e / tl.sum(e, axis=0), mask=mask)
+    m = -float("inf")
+    s = 0.0
+    for start in range(0, n_cols, BLOCK):
+        mask = start + cols < n_cols
+        x = tl.load(x_ptr + row * x_row_stride + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        ref = tl.where(m_new == -float("inf"), 0.0, m_new)
+        s = s * tl.exp(m - ref) + tl.sum(tl.exp(x - ref), axis=0)
+        m = m_new
+    for start in range(0, n_cols, BLOCK):
+        x = tl.load(x_ptr + row * x_row_stride + start + cols, mask=start + cols < n_cols, other=-float("inf"))
+        tl.store(y_ptr + row * y_row_stride + start + cols, (tl.exp(x.to(tl.float32) - m) / s).to(y_ptr.dtype.element_ty))
 
 
 def kernel_ignores_stride(x_ptr, y_ptr, x_row_stride, y_row_stride, n_cols, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
-    mask = cols < n_cols
-    x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=-float("inf")).to(tl.float32)
-    e = tl.exp(x - tl.max(x, axis=0))
-    tl.store(y_ptr + row * n_cols + cols, e / tl.sum(e, axis=0), mask=mask)
+    m = -float("inf")
+    s = 0.0
+    for start in range(0, n_cols, BLOCK):
+        mask = start + cols < n_cols
+        x = tl.load(x_ptr + row * n_cols + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        ref = tl.where(m_new == -float("inf"), 0.0, m_new)
+        s = s * tl.exp(m - ref) + tl.sum(tl.exp(x - ref), axis=0)
+        m = m_new
+    for start in range(0, n_cols, BLOCK):
+        mask = start + cols < n_cols
+        x = tl.load(x_ptr + row * n_cols + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        tl.store(y_ptr + row * n_cols + start + cols, (tl.exp(x - m) / s).to(y_ptr.dtype.element_ty), mask=mask)
 
 
 def kernel_todo(x_ptr, y_ptr, x_row_stride, y_row_stride, n_cols, BLOCK: tl.constexpr):
     raise NotImplementedError("TODO: write the kernel")
 
 
+def kernel_calls_the_lesson(x_ptr, y_ptr, x_row_stride, y_row_stride, n_cols, BLOCK: tl.constexpr):
+    from utils.kernels import triton_softmax
+
+    triton_softmax.softmax_looped_kernel(x_ptr, y_ptr, x_row_stride, y_row_stride, n_cols, BLOCK)
+
+
 @needs_triton
-def test_lab_triton_check_passes_a_correct_kernel_and_refuses_the_lessons(ts, capsys):
+def test_lab_triton_check_passes_a_looped_kernel_and_refuses_the_lessons(ts, capsys):
     lab06_triton.check_triton_kernel(kernel_correct)
-    assert "PASSED Triton row softmax" in capsys.readouterr().out
-    with pytest.raises(LabCheckFailed, match="lesson's kernel"):
-        lab06_triton.check_triton_kernel(ts.softmax_kernel)
+    out = capsys.readouterr().out
+    assert "PASSED Triton looped softmax" in out and "read at most 2 times" in out
+    for lesson in (ts.softmax_looped_kernel, ts.softmax_kernel, kernel_calls_the_lesson):
+        with pytest.raises(LabCheckFailed, match="lesson's kernels"):
+            lab06_triton.check_triton_kernel(lesson)
 
 
 @needs_triton
 @pytest.mark.parametrize("kernel, symptom", [
     (kernel_todo, "not written yet"),
-    (kernel_no_padding_value, "rows of 7.*wrong for n = 7"),
+    (kernel_one_block, "four chunks of 16.*columns 16..63 of y were never written.*every chunk"),
+    (kernel_no_rescale, "a larger maximum in every chunk.*the maximum grows"),
+    (kernel_three_reads, "read some elements of x 3 times.*ONE read of each chunk"),
+    (kernel_no_guard, "first chunks are all -inf.*NaN where torch.softmax has none"),
+    (kernel_pads_with_zero, "rows of 37 in chunks of 16.*wrong when it is not"),
     (kernel_unmasked_store, "wrote outside the rows of y"),
-    (kernel_no_max, "logits of size ~1000.*NaN"),
-    (kernel_ignores_stride, "80 apart in memory.*where does row r start"),
+    (kernel_ignores_stride, "48 apart in memory.*where does row r start"),
 ])
 def test_lab_triton_check_names_the_symptom(ts, kernel, symptom):
     with pytest.raises(LabCheckFailed, match=symptom) as info:
         lab06_triton.check_triton_kernel(kernel)
-    assert "tl.load" not in str(info.value) and "other=" not in str(info.value)  # symptoms, never the answer
+    for answer in ("tl.", "other=", "exp(m", "s * ", "where("):  # symptoms, never the answer's code
+        assert answer not in str(info.value), f"the message gives the answer away ({answer!r}): {info.value}"
 
 
 @needs_triton

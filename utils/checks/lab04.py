@@ -85,10 +85,10 @@ def check_export(export_fn, model, path, image_size: int) -> Path:
     session = _session(path)
     inputs = session.get_inputs()
     expect([i.name for i in inputs] == ["images"], f"the graph should have one input named 'images', it has "
-                                                   f"{[i.name for i in inputs]}: pass input_names=['images']")
+                                                   f"{[i.name for i in inputs]}: the exporter names the graph's inputs after what you tell it")
     batch_dim = inputs[0].shape[0]
-    expect(isinstance(batch_dim, str), f"the batch axis of 'images' is fixed at {batch_dim}: declare it dynamic "
-                                       "(dynamic_axes={'images': {0: 'batch'}, ...} with the legacy exporter)")
+    expect(isinstance(batch_dim, str), f"the batch axis of 'images' is fixed at {batch_dim}, the batch size of your "
+                                       "example: the exporter keeps every size it is not told may vary")
     for x in _inputs(image_size, batches=(1, 3)):
         out = session.run(None, {"images": x.numpy()})[0]
         expect(out.shape[0] == x.shape[0], f"batch {x.shape[0]} in gave batch {out.shape[0]} out")
@@ -132,8 +132,8 @@ def check_optimized(optimize_fn, export_fn, model, path, out_path, image_size: i
     out_path = _written(optimize_fn, (path, out_path), out_path, what="optimize(path, out_path)",
                         missing=f"optimize should write the optimized graph to {out_path}")
     before, after = onnx_tools.node_count(path), onnx_tools.node_count(out_path)
-    expect(after < before, f"the optimized graph has {after} nodes, the export {before}: save the graph ONNX Runtime "
-                           "actually runs (SessionOptions.optimized_model_filepath) at level 'extended' or 'all'")
+    expect(after < before, f"the optimized graph has {after} nodes, the export {before}: nothing was fused. Is the "
+                           "file the graph ONNX Runtime runs after optimizing, and at a level that fuses nodes?")
     err = _max_abs(model, _session(out_path), _inputs(image_size))
     expect(err <= ATOL + RTOL * 10, f"the optimized graph disagrees with eager PyTorch by {err:.3g}")
     passed("optimize", f"{before} -> {after} nodes, max abs error {err:.2e}")
@@ -158,8 +158,9 @@ def check_quantized(quantize_fn, export_fn, model, path, out_path, image_size: i
     a = np.concatenate([fp32.run(None, {"images": x.numpy()})[0] for x in xs])
     b = np.concatenate([int8.run(None, {"images": x.numpy()})[0] for x in xs])
     agree = float((a.argmax(1) == b.argmax(1)).mean())
-    expect(agree >= 0.9, f"int8 and fp32 agree on the top class for only {agree:.0%} of 32 inputs: calibrate with "
-                         "inputs like the ones you serve, and use per_channel=True")
+    expect(agree >= 0.9, f"int8 and fp32 agree on the top class for only {agree:.0%} of 32 inputs: are the "
+                         "calibration batches like the inputs served, and does each weight tensor share one scale "
+                         "across output channels whose ranges differ?")
     passed("quantize", f"{ratio:.2f}x smaller, top-1 agreement {agree:.0%} on 32 inputs")
     return {"size_ratio": ratio, "top1_agreement": agree}
 

@@ -112,8 +112,11 @@ def _check_quantize(quantize, dequantize) -> None:
         if bad.any():
             off = (q.to(torch.int32) - want)[bad]
             shift = "all by the same amount" if off.unique().numel() == 1 else "by different amounts"
+            hint = ("a constant shift points at the zero point: does real 0 get the code zero_point?" if
+                    off.unique().numel() == 1 else "codes that drift apart point at the step: does a value one scale "
+                    "larger get a code exactly one larger?")
             raise LabCheckFailed(f"{name}: {int(bad.sum())} of {x.numel()} codes differ from the affine mapping, "
-                                 f"{shift}: divide by the scale, round to nearest, add the zero point, then clip")
+                                 f"{shift}: {hint}")
         ties = (torch.arange(-6, 6) + 0.5) * 0.25  # exactly halfway between two codes of step 0.25
         q_ties = call(quantize, ties, 0.25, zp, qmin, qmax, what="quantize(x, scale, zero_point, qmin, qmax)")
         expect(torch.equal(q_ties.to(torch.int32), _ref_quantize(ties, 0.25, zp, qmin, qmax)),
@@ -124,8 +127,8 @@ def _check_quantize(quantize, dequantize) -> None:
                f"dequantize should return a float tensor, got {getattr(back, 'dtype', type(back))}")
         want_back = (want - zp).to(torch.float32) * scale
         expect(torch.allclose(back.float(), want_back, rtol=1e-6, atol=0),
-               f"{name}: dequantize is off by up to {float((back.float() - want_back).abs().max()):.3g}: real value "
-               "= step x (code minus the code of zero)")
+               f"{name}: dequantize is off by up to {float((back.float() - want_back).abs().max()):.3g}: does the "
+               "code zero_point come back as 0.0, and does each code above it add exactly one scale?")
         inside = (x >= (qmin - zp) * scale) & (x <= (qmax - zp) * scale)
         err = (back.float() - x).abs()[inside].max() / scale
         expect(float(err) <= 0.5 + 1e-4, f"{name}: a round trip inside the range is off by {float(err):.2f} steps "
@@ -169,8 +172,8 @@ def _check_int8_linear(int8_linear) -> None:
         if torch.equal(got, want):
             continue
         expect(int(got.min()) >= INT8[0] and int(got.max()) <= INT8[1],
-               f"{name}: outputs {int(got.min())}..{int(got.max())} leave int8's [-128, 127]: saturate after adding "
-               "the output zero point")
+               f"{name}: outputs {int(got.min())}..{int(got.max())} leave int8's [-128, 127]: an output beyond it must "
+               "saturate at the end code, whatever the zero point adds")
         for skip, symptom in (
             (("zx",), "your outputs are what you get when the activations' zero point is left out of the product"),
             (("bias",), "your outputs are what you get without the bias"),
@@ -182,7 +185,8 @@ def _check_int8_linear(int8_linear) -> None:
             raise LabCheckFailed(f"{name}: {int((diff > 0).sum())} of {diff.numel()} outputs are one code off: "
                                  "rounding or precision differs (round half to even, and do the float steps in float64)")
         raise LabCheckFailed(f"{name}: {int((diff > 0).sum())} of {diff.numel()} outputs differ, by up to "
-                             f"{int(diff.max())} codes: accumulate (qx - zx) x qw in int32, add the bias quantized "
-                             "with scale sx*sw, multiply by sx*sw/s_out, round, add z_out, clip")
+                             f"{int(diff.max())} codes. Follow the units: what real value does one unit of your int32 "
+                             "accumulator stand for, is the bias added in those units, and what takes that unit to "
+                             "the output's step?")
     passed("int8_linear", f"{len(cases)} layers: integer outputs identical to the reference, incl. a negative zero "
            "point and saturation")

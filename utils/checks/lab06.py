@@ -2,13 +2,12 @@
 same softmax as a kernel in the Triton language).
 
 The learner writes three things: the C++ inner loop of the online softmax (returned as a string by a Python
-function, so that the lab generator can blank it), the backward formula in PyTorch, and the body of a Triton row
-softmax kernel. The checks put the loop into lab06_softmax.cpp, build it with utils.kernels.build (cached by source
-hash: an edit rebuilds, a rerun does not), and test it; the task asks for ONE read pass over x, and a second build
-(READS_TEMPLATE: the same loop reading x through an accessor that records every index) counts the passes, because
-a two-pass loop gives the same numbers. The Triton kernel runs in Triton's interpreter on CPU tensors
-(utils.kernels.triton_softmax.interpreted), in rows padded on both sides so that a read or a write past a row's
-end shows.
+function, so that the lab generator can blank it), the backward formula in PyTorch, and a Triton softmax kernel for
+rows longer than one block (checked in lab06_triton). The checks put the loop into lab06_softmax.cpp, build it with
+utils.kernels.build (cached by source hash: an edit rebuilds, a rerun does not), and test it; the task asks for ONE
+read pass over x, and a second build (READS_TEMPLATE: the same loop reading x through an accessor that records every
+index) counts the passes, because a two-pass loop gives the same numbers. The speed task times the learner's loop
+against such a two-pass loop, built from the same template in the same run (check_speed).
 """
 
 from __future__ import annotations
@@ -20,7 +19,8 @@ from pathlib import Path
 import torch
 
 from utils import kernels
-from utils.checks import LabCheckFailed, call, expect, figure, passed
+from utils.checks import LabCheckFailed, call, expect, expect_target, figure, passed
+from utils.core import env, verdict
 from utils.kernels import ops, sweep
 
 PLACEHOLDER = "/*@INNER_LOOP@*/"
@@ -171,6 +171,19 @@ def _parity_cases():
     }
 
 
+# What a wrong number in a parity case points at (symptoms and questions, never the update itself).
+_PARITY_HINT = ("Compare the increasing and the decreasing rows: if only the rows whose maximum keeps moving are off, "
+                "look at what happens to the terms already in s when a larger value arrives.")
+_PARITY_HINTS = {
+    "increasing rows (the max keeps moving)": "Here every value is a new maximum, so every step rescales: the terms "
+    "already in s were measured against the old maximum; are they measured against the new one afterwards?",
+    "decreasing rows": "Here the maximum is the first value and never moves, so no rescale ever happens: the error is "
+    "in how an ordinary value adds its term, or in the first step from m = -inf.",
+    "large magnitudes (x 1000)": "exp of a value near 1000 overflows: every exp your loop computes must be of a "
+    "difference that is at most 0.",
+}
+
+
 def _max_err(got, want) -> float:
     if got.numel() == 0:
         return 0.0
@@ -193,9 +206,8 @@ def check_inner_loop(inner_loop_source):
                "running max is still -inf must not add exp(-inf - (-inf)) = exp(NaN) to s.")
         err = _max_err(got, want)
         tol = 1e-12 if x.dtype == torch.float64 else 2e-6  # absolute: softmax outputs lie in [0, 1]
-        expect(err <= tol,
-               f"{name}: max |yours - torch.softmax| = {err:.3g} (tolerance {tol:g}). Check the rescale when a new "
-               "maximum arrives: s = s * exp(m_old - m_new) + exp(x - m_new).")
+        expect(err <= tol, f"{name}: max |yours - torch.softmax| = {err:.3g} (tolerance {tol:g}). "
+               + _PARITY_HINTS.get(name, _PARITY_HINT))
         worst = max(worst, err)
     check_one_pass(inner_loop_source)
     passed("online inner loop", f"{len(_parity_cases())} cases match torch.softmax, max error {worst:.2e}; one read "
@@ -211,13 +223,32 @@ def check_backward(softmax_backward_formula):
         grad_y = torch.randn(*shape, generator=g, dtype=torch.float64)
         y = torch.softmax(x, dim=-1)
         (want,) = torch.autograd.grad(y, x, grad_y)
-        got = call(softmax_backward_formula, grad_y, y.detach(), what="softmax_backward_formula(grad_y, y)")
+        try:
+            got = call(softmax_backward_formula, grad_y, y.detach(), what="softmax_backward_formula(grad_y, y)")
+        except LabCheckFailed:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a shape error from broadcasting is the usual one: name the input
+            raise LabCheckFailed(f"shape {tuple(shape)}: softmax_backward_formula raised {type(exc).__name__}: "
+                                 f"{(str(exc).splitlines() or [''])[0][:200]}. Do the shapes of your intermediate "
+                                 "results still line up with grad_y's, row by row?") from None
         expect(isinstance(got, torch.Tensor), f"softmax_backward_formula should return a tensor, got {type(got).__name__}")
         expect(got.shape == want.shape, f"shape {tuple(shape)}: your gradient has shape {tuple(got.shape)}")
         err = (got - want).abs().max().item()
-        expect(err < 1e-10,
-               f"shape {tuple(shape)}: max |yours - autograd| = {err:.3g}. The gradient is y * (g - sum(g * y)) with "
-               "the sum over the last dimension, kept as a dimension so that it broadcasts (keepdim=True).")
+        if err >= 1e-10:
+            row_sums = got.sum(-1).abs().max().item()
+            other = grad_y.clone()
+            other[..., 1:, :] += 1.0  # every row but the first (each shape here has several rows)
+            leaks = not torch.allclose(
+                call(softmax_backward_formula, other, y.detach(), what="softmax_backward_formula(grad_y, y)")[..., 0, :],
+                got[..., 0, :], rtol=0, atol=1e-12)
+            symptom = ("your gradient for the first row changes when only the other rows' grad_y changes: a row's "
+                       "gradient depends on that row alone. Which dimension does your reduction run over, and what "
+                       "shape does it leave?" if leaks else
+                       f"the entries of a row of your gradient sum to {row_sums:.3g}, not 0, and they must: softmax's "
+                       "outputs sum to 1 whatever x is, so no change of x changes their sum" if row_sums > 1e-10 else
+                       "each row sums to 0 and depends on its own row only, but the values differ: work "
+                       "sum_i g_i * y_i * (delta_ij - y_j) out again by hand")
+            raise LabCheckFailed(f"shape {tuple(shape)}: max |yours - autograd| = {err:.3g}: {symptom}.")
     passed("backward formula", "matches autograd through torch.softmax in float64")
 
 
@@ -275,26 +306,67 @@ def check_operator(inner_loop_source, softmax_backward_formula):
     return op
 
 
-def check_speed(inner_loop_source, rows: int = 2048, n: int = 1024, min_run_time: float = 0.2):
-    """The learner's GB/s next to torch.softmax, the lesson's fused kernel and the copy roof (no threshold)."""
+# The speed task's baseline: the same template with the plain two-pass loop (the max, then the sum), built in the
+# same run. Both loops call the same scalar exp, so the ratio of their speeds does not depend on the machine's vector
+# width. Measured on the 2-core AVX2 EPYC (rows of 1024 floats, 2 MiB and 16 MiB, 3-5 interleaved rounds): the lab's
+# solution (one exp per element, a rescale only on a new maximum) at 1.02x [1.02-1.06] and 1.02x [0.92-1.19] of it;
+# an online loop that computes two exps per element at 0.82x [0.76-0.83] and 0.78x [0.76-0.80]. The target sits
+# between the two, nearer the slow loop, so that a correct loop written differently still clears it.
+TWO_PASS_LOOP = r"""
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
+  if (m != -std::numeric_limits<scalar_t>::infinity())
+    for (int64_t i = 0; i < n; ++i) s += std::exp(x[i] - m);
+"""
+SPEED_TARGET = 0.85  # your loop's speed over the two-pass loop's, with every round of the comparison
 
+
+def check_speed(inner_loop_source, rows: int = 2048, n: int = 1024, min_run_time: float = 0.2, *,
+                smoke: bool | None = None):
+    """The learner's loop against the two-pass loop (TWO_PASS_LOOP in the same template, built in the same run) in
+    interleaved rounds: in full mode every round must reach SPEED_TARGET of its speed (speed targets enforced as
+    utils.checks says); smoke mode reports the ratio without judging it. Also prints torch.softmax, the lesson's
+    fused kernel and the copy roof next to it (reported, not judged). Returns the GB/s of every implementation."""
+    smoke = env.smoke_default() if smoke is None else smoke
     ext = build_lab_extension(inner_loop_source)
     check_one_pass(inner_loop_source)  # the time of a two-pass loop is not the task's
     x = torch.randn(rows, n)
     err = _max_err(ext.ops.softmax_forward(x), torch.softmax(x, -1))
     expect(err < 1e-5, f"your kernel's output differs from torch.softmax by {err:.3g}: run the parity check first")
+    try:
+        baseline = kernels.build(lab_source(TWO_PASS_LOOP), name="wb_softmax_lab_two_pass")
+    except RuntimeError as exc:  # the course's own source: a broken toolchain, not the learner's loop
+        raise LabCheckFailed(f"the two-pass baseline does not compile here:\n{exc}") from None
     impls = {
-        "your kernel": ext.ops.softmax_forward,
+        "your loop": ext.ops.softmax_forward,
+        "two-pass loop": baseline.ops.softmax_forward,
         "torch.softmax": lambda t: torch.softmax(t, -1),
         "lesson 06 fused kernel": ops.softmax,
     }
-    (gbps,) = sweep.softmax_sweep(impls, [n], rows * n, min_run_time=min_run_time, progress=False)
+    rounds = 2 if smoke else 5
+    (row,) = sweep.softmax_sweep(impls, [n], rows * n, min_run_time=min_run_time, rounds=rounds, progress=False)
     for name in ("copy", *impls):
         label = "copy into a buffer (the roof)" if name == "copy" else name
-        print(f"  {label:24s} {gbps[name]:7.2f} GB/s")
-    ratio = gbps["your kernel"] / gbps["torch.softmax"]
-    expect(math.isfinite(ratio) and ratio > 0, f"could not time your kernel (got {gbps['your kernel']!r} GB/s)")
-    passed("speed", f"your kernel runs at {ratio:.2f}x torch.softmax on {rows} x {n} fp32 "
-           f"({gbps['your kernel'] / gbps['copy']:.0%} of the copy roof, measured side by side)")
-    figure("fraction_of_copy_roof", gbps["your kernel"] / gbps["copy"], "x")
-    return gbps
+        print(f"  {label:30s} {row[name]:7.2f} GB/s")
+    expect(math.isfinite(row["your loop"]) and row["your loop"] > 0,
+           f"could not time your kernel (got {row['your loop']!r} GB/s)")
+    ratio = sweep.ratio_over([row], "your loop", "two-pass loop")
+    line = verdict.prediction_line("your loop / the two-pass loop, speed (target)", ratio, SPEED_TARGET)
+    look = ("How many exps does your loop compute per element of x, and how many does the two-pass loop? The row is "
+            "in cache here, so the read you saved is cheap and the exps decide.")
+    met = verdict.prediction(ratio, SPEED_TARGET) == verdict.HELD
+    if smoke:
+        print(f"SMOKE MODE: the speed is reported, not judged (too few rounds to judge); correctness is judged. {line}")
+    else:
+        judged = ratio.judged
+        expect_target(met,
+                      judged is not None and judged[1] >= SPEED_TARGET,
+                      f"undecided: {line}. The rounds disagree, as they do when other programs keep this machine's "
+                      f"cores busy: run the check again. The target wants every round at {SPEED_TARGET:.2f}x or "
+                      f"above. {look}",
+                      f"too slow: {line}; the target wants every round at {SPEED_TARGET:.2f}x or above. {look}")
+    passed("speed" if met or smoke else "speed's parity (speed target recorded above, not enforced)", f"{line}; {rows} x {n} fp32, {rounds} interleaved rounds; your loop at "
+           f"{row['your loop'] / row['lesson 06 fused kernel']:.2f}x the lesson's vectorized kernel and "
+           f"{row['your loop'] / row['copy']:.0%} of the copy roof (reported, not judged)")
+    figure("fraction_of_copy_roof", row["your loop"] / row["copy"], "x")
+    figure("speed_over_two_pass_loop", ratio.value, "x")
+    return row

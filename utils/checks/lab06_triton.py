@@ -1,21 +1,34 @@
-"""Checks for part 5 of labs/06_fused_softmax_lab.ipynb: a row softmax kernel in the Triton language, run in
-Triton's interpreter on CPU tensors (lesson 06, part 2: notebooks/06_gpu_kernels_triton.ipynb). A module of its own
-because it imports triton, which the C++ parts of the lab do not need."""
+"""Checks for part 5 of labs/06_fused_softmax_lab.ipynb: a softmax kernel in the Triton language for rows longer than
+one block, run in Triton's interpreter on CPU tensors (lesson 06, part 2: notebooks/06_gpu_kernels_triton.ipynb
+teaches the one-block row kernel; this task is the step after it). A module of its own because it imports triton,
+which the C++ parts of the lab do not need.
+
+The check launches the learner's kernel with a BLOCK smaller than the row (a row of 64 walked in chunks of 16, a row
+of 37 whose last chunk is ragged, ...), so a kernel that handles one block per row cannot pass; it records every
+address the kernel loads, so a kernel that walks the row once for the max and again for the sum (right numbers, one
+read too many) cannot pass either. Every failure names the case and the symptom, never the code that fixes it.
+"""
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import inspect
 
+import numpy
 import torch
 
 from utils.checks import LabCheckFailed, expect, passed
 from utils.kernels import triton_softmax
 
 # ---------------------------------------------------------------------------------------------------------------------
-# the Triton task: a row softmax kernel, run in Triton's interpreter on CPU tensors
+# the Triton task: a looped (online) softmax kernel, run in Triton's interpreter on CPU tensors
 # ---------------------------------------------------------------------------------------------------------------------
 
 TRITON_PARAMS = ["x_ptr", "y_ptr", "x_row_stride", "y_row_stride", "n_cols", "BLOCK"]
+# The lesson's kernels: the task is to write one, not to call one (a @triton.jit kernel can call another).
+LESSON_KERNELS = ("softmax_kernel", "softmax_rows_kernel", "softmax_looped_kernel", "softmax_looped")
+READS_ALLOWED = 2  # reads of each element of x: one read pass for the (max, sum), one to write y
 _OUT_FILL = 7.0  # what the output buffer holds before the kernel runs: a store past a row's end or a missed row shows
 
 
@@ -29,46 +42,97 @@ def _padded_rows(x: torch.Tensor, stride: int, fill: float, extra: int) -> tuple
     return view, buf
 
 
-def _triton_cases() -> list[tuple[str, torch.Tensor, int, str]]:
-    """(name, x, row stride in memory, what a failure there means) from the simplest case to the edge cases."""
+def _triton_cases() -> list[tuple[str, torch.Tensor, int, int, str]]:
+    """(name, x, row stride in memory, BLOCK, what a failure there means), from the simplest case to the edge cases.
+    Small on purpose: the interpreter runs every block operation of every program in Python."""
     g = torch.Generator().manual_seed(66)
-    one_finite = torch.full((4, 20), float("-inf"))
-    for r, (c, v) in enumerate([(5, 1.0), (19, -3.0), (0, 50.0), (11, -1e4)]):
-        one_finite[r, c] = v
-    all_inf = torch.randn(4, 12, generator=g)
-    all_inf[2] = float("-inf")
-    pow2 = torch.randn(6, 64, generator=g) * 3
+    ramp = torch.arange(64.0) / 8  # increasing: every chunk brings a larger maximum
+    falling = torch.randn(4, 64, generator=g)
+    falling[:, 0] = 6.0  # the row's maximum in its first chunk
+    late = torch.randn(3, 50, generator=g)
+    late[:, :40] = float("-inf")  # a masked row: its first chunks hold nothing but -inf
+    late[2, :] = float("-inf")
+    late[2, 45] = 2.0  # one finite value, in the last chunk
+    all_inf = torch.randn(3, 40, generator=g)
+    all_inf[1] = float("-inf")
     return [
-        ("rows of 64, contiguous (BLOCK = 64: no padded lanes)", pow2, 64,
-         "the core is off before any edge case: which row is each program's, its max, exp(x - max) and the division "
+        ("rows of 16 in one chunk (BLOCK = 16)", torch.randn(4, 16, generator=g) * 3, 16, 16,
+         "the core is off before any chunking: which row is each program's, its max, exp(x - max) and the division "
          "by the sum"),
-        ("the same rows of 64, 80 apart in memory (a slice of a wider tensor)", pow2, 80,
+        ("rows of 64 in four chunks of 16, the maximum in the first chunk", falling, 64, 16,
+         "right when the row is one block, wrong when it is four: every chunk of the row counts in the max and in the "
+         "sum, and every chunk of y must be written"),
+        ("rows of 64 in four chunks of 16, a larger maximum in every chunk", ramp + 0.1 * torch.randn(3, 64, generator=g),
+         64, 16,
+         "right when the row's maximum is in its first chunk, wrong when a later chunk brings a larger value: the "
+         "sum so far was measured against the old maximum; what must happen to it when the maximum grows?"),
+        ("rows of 37 in chunks of 16 (the last chunk has 5 columns)", torch.randn(5, 37, generator=g), 37, 16,
+         "right when n_cols is a multiple of BLOCK, wrong when it is not: the lanes of the last chunk past the row's "
+         "end (cols >= n_cols) are part of the block; what must they hold, and what must happen to them, so that "
+         "they change neither the max, nor the sum, nor y?"),
+        ("rows of 5, fewer columns than BLOCK = 16", torch.randn(4, 5, generator=g), 5, 16,
+         "a row shorter than one block is one ragged chunk: the lanes past n_cols must change neither the max, nor "
+         "the sum, nor y"),
+        ("rows of one column (BLOCK = 8)", torch.randn(5, 1, generator=g), 1, 8, "a row of one value has softmax 1"),
+        ("the rows of 37, 48 apart in memory (a slice of a wider tensor)", torch.randn(5, 37, generator=g), 48, 16,
          "right for contiguous rows, wrong for strided ones: where does row r start in x, and in y?"),
-        ("37 rows of 7 (BLOCK = 8: one padded lane per row)", torch.randn(37, 7, generator=g), 7,
-         "right for n = 64 but wrong for n = 7: the lane past the row's end (cols >= n_cols) is part of the block; "
-         "what must it hold, and what must happen to it, so that it changes neither the max, nor the sum, nor y?"),
-        ("rows of 1 (BLOCK = 1)", torch.randn(5, 1, generator=g), 1, "a row of one value has softmax 1"),
-        ("rows of 100 with logits of size ~1000", torch.randn(3, 100, generator=g) * 1000, 100,
-         "exp(1000) overflows float32 (its largest value is about exp(88.7)); softmax is unchanged when a constant "
-         "is subtracted from a whole row"),
-        ("rows that are -inf but for one value (a masked attention row)", one_finite, 20,
-         "a row that is -inf everywhere but one place must give 1 there and 0 elsewhere"),
-        ("a row that is all -inf (fully masked)", all_inf, 12,
+        ("rows of 40 with logits of size ~1000", torch.randn(3, 40, generator=g) * 1000, 40, 16,
+         "exp(1000) overflows float32 (its largest value is about exp(88.7)), and a chunk's values can be far above "
+         "the running maximum: nothing may be exponentiated before it is measured against a maximum that bounds it"),
+        ("rows whose first chunks are all -inf (a masked attention row)", late, 50, 16,
+         "until a row's first finite value, its running maximum is -inf, and -inf - (-inf) is NaN: the sum must stay "
+         "0 (not NaN) through those chunks"),
+        ("a row that is all -inf (fully masked)", all_inf, 40, 16,
          "torch.softmax gives NaN for a row that is all -inf (its max is -inf, and -inf - (-inf) is NaN) and normal "
          "values for the other rows: match it, do not invent a value"),
-        ("bfloat16 rows of 33", (torch.randn(9, 33, generator=g) * 3).to(torch.bfloat16), 40,
+        ("bfloat16 rows of 40", (torch.randn(3, 40, generator=g) * 3).to(torch.bfloat16), 40, 16,
          "bfloat16 in, bfloat16 out: do the arithmetic in float32 and round once, when you store"),
     ]
 
 
-def _run_triton(fn, kernel_name: str, case: str, x: torch.Tensor, stride: int) -> tuple[torch.Tensor, bool]:
-    """Launch the interpreted kernel on x laid out `stride` apart: (y, whether it wrote outside y's rows)."""
+@contextlib.contextmanager
+def _recorded_loads():
+    """Inside the block, every address an interpreted kernel loads (its unmasked lanes) goes into the yielded list,
+    one NumPy array per tl.load."""
+    from triton.runtime import interpreter
+
+    builder = getattr(interpreter, "interpreter_builder", None)
+    original = getattr(builder, "create_masked_load", None)
+    if original is None or "create_masked_load" in vars(builder):
+        raise RuntimeError("the lab's read count needs triton 3.x's interpreter (interpreter_builder."
+                           "create_masked_load), or another count is already running")
+    addresses: list = []
+
+    def recording_load(ptrs, mask, other, *args, **kwargs):
+        addresses.append(numpy.asarray(ptrs.data)[numpy.asarray(mask.data, dtype=bool)].astype(numpy.uint64))
+        return original(ptrs, mask, other, *args, **kwargs)
+
+    builder.create_masked_load = recording_load  # an instance attribute: tl.load's path looks it up first
+    try:
+        yield addresses
+    finally:
+        del builder.create_masked_load
+
+
+def _reads_per_element(addresses: list, x_buf: torch.Tensor) -> collections.Counter:
+    """How many times each element of x_buf was loaded: {element index: reads}."""
+    base, size = x_buf.data_ptr(), x_buf.element_size()
+    counts: collections.Counter = collections.Counter()
+    for a in addresses:
+        inside = a[(a >= base) & (a < base + x_buf.numel() * size)]
+        counts.update(((inside - base) // size).tolist())
+    return counts
+
+
+def _run_triton(fn, kernel_name: str, case: str, x: torch.Tensor, stride: int, block: int):
+    """Launch the interpreted kernel on x laid out `stride` apart with BLOCK = `block`: (y, whether it wrote outside
+    y's rows, the most times any element of x was read)."""
     rows, n = x.shape
-    block = 1 << max(n - 1, 0).bit_length()  # the next power of two >= n
-    x_view, _ = _padded_rows(x, stride, float("nan"), extra=block)  # a read past a row's end gets NaN
+    x_view, x_buf = _padded_rows(x, stride, float("nan"), extra=block)  # a read past a row's end gets NaN
     y_view, y_buf = _padded_rows(torch.full_like(x, _OUT_FILL), stride, _OUT_FILL, extra=block)
     try:
-        fn[(rows,)](x_view, y_view, x_view.stride(0), y_view.stride(0), n, BLOCK=block)
+        with _recorded_loads() as addresses:
+            fn[(rows,)](x_view, y_view, x_view.stride(0), y_view.stride(0), n, BLOCK=block)
     except Exception as exc:  # the interpreter wraps what the kernel raised in an InterpreterError
         cause = exc.__cause__ or exc
         if isinstance(cause, NotImplementedError):
@@ -80,26 +144,39 @@ def _run_triton(fn, kernel_name: str, case: str, x: torch.Tensor, stride: int) -
     inside[: rows * stride].view(rows, stride)[:, :n] = True
     outside = y_buf[~inside]
     wrote_outside = bool((outside != _OUT_FILL).any())
-    return y_view.clone(), wrote_outside
+    reads = _reads_per_element(addresses, x_buf)
+    return y_view.clone(), wrote_outside, max(reads.values(), default=0)
+
+
+def _columns(cols: list[int]) -> str:
+    return f"{cols[0]}..{cols[-1]}" if len(cols) > 1 and cols == list(range(cols[0], cols[-1] + 1)) else str(cols[:8])
 
 
 def check_triton_kernel(kernel):
-    """The learner's row softmax kernel in the Triton language, run in Triton's interpreter on CPU tensors against
-    torch.softmax on 8 cases (padded and strided rows, n = 1, huge logits, -inf rows, bfloat16)."""
+    """The learner's looped softmax kernel in the Triton language, run in Triton's interpreter on CPU tensors against
+    torch.softmax on 11 cases (rows of several chunks, a ragged last chunk, fewer columns than BLOCK, one column,
+    strided rows, huge logits, -inf chunks and rows, bfloat16), with every load recorded: each element of x may be
+    read at most twice (once for the max and the sum, once to write)."""
     fn_py = getattr(kernel, "fn", kernel)
     expect(callable(fn_py), f"pass your @triton.jit kernel function, got {type(kernel).__name__}")
     name = getattr(fn_py, "__name__", "your kernel")
     params = list(inspect.signature(fn_py).parameters)
     expect(params == TRITON_PARAMS, f"{name} should take ({', '.join(TRITON_PARAMS)}), got ({', '.join(params)}): "
            "keep the signature the lab gives, the check launches it with those arguments")
-    expect(fn_py is not triton_softmax.softmax_kernel.fn, "that is the lesson's kernel: write the body yourself")
+    lesson = {getattr(getattr(triton_softmax, k), "fn", None) for k in LESSON_KERNELS}
+    called = set(getattr(getattr(fn_py, "__code__", None), "co_names", ())) & set(LESSON_KERNELS)
+    expect(fn_py not in lesson and not called, "that is (or calls) one of the lesson's kernels: write the body yourself")
     fn = triton_softmax.interpreted(kernel)
-    worst = 0.0
-    for case, x, stride, meaning in _triton_cases():
-        y, wrote_outside = _run_triton(fn, name, case, x, stride)
+    worst, most_reads = 0.0, 0
+    for case, x, stride, block, meaning in _triton_cases():
+        y, wrote_outside, reads = _run_triton(fn, name, case, x, stride, block)
+        rows, n = x.shape
         never = (y == _OUT_FILL).all(dim=-1)  # a softmax row never holds 7.0 throughout
         expect(not bool(never.any()), f"{case}: rows {never.nonzero().flatten().tolist()[:5]} of y were never written. "
                f"{meaning}")
+        unwritten = (y == _OUT_FILL).all(dim=0).nonzero().flatten().tolist()  # columns no row wrote
+        expect(not unwritten or n == 1, f"{case}: columns {_columns(unwritten)} of y were never written in any row "
+               f"(n_cols = {n}, BLOCK = {block}). {meaning}")
         want = torch.softmax(x.double(), dim=-1)
         got = y.double()
         nan_got, nan_want = torch.isnan(got), torch.isnan(want)
@@ -118,7 +195,13 @@ def check_triton_kernel(kernel):
                f"{meaning}")
         expect(not wrote_outside, f"{case}: right values, but your kernel also wrote outside the rows of y (into "
                "the lanes past n_cols, or past the last row): a lane past the row's end must not be stored")
+        expect(reads <= READS_ALLOWED,
+               f"{case}: right values, but your kernel read some elements of x {reads} times (rows of {n}, BLOCK = "
+               f"{block}). The task is an online softmax: the max and the sum come from ONE read of each chunk, and "
+               "one more read writes y; a row too long for the chip pays for every extra read from DRAM")
+        most_reads = max(most_reads, reads)
         if x.dtype != torch.bfloat16:
             worst = max(worst, err)
-    passed("Triton row softmax", f"{len(_triton_cases())} cases in Triton's interpreter match torch.softmax "
-           f"(float32 max error {worst:.1e}), nothing written outside y's rows")
+    passed("Triton looped softmax", f"{len(_triton_cases())} cases in Triton's interpreter match torch.softmax "
+           f"(float32 max error {worst:.1e}), rows longer than BLOCK included; nothing written outside y's rows; each "
+           f"element of x read at most {most_reads} times")
