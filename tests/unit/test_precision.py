@@ -101,3 +101,19 @@ def test_matmul_share_reads_the_profile():
         prof = profiling.profile_steps(tr.step, wait=0, warmup=1, active=1)
     share = precision.matmul_share(prof)
     assert 0.05 < share < 1.0
+
+
+def test_the_backward_layer_probe_runs_the_gradients_autograd_runs():
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1, stride=2), torch.nn.Flatten(), torch.nn.Linear(32, 5))
+    x = torch.randn(2, 3, 4, 4)
+    probe = precision.layer_probe(net, x, calls=2, backward=True)
+    assert "forward and backward" in probe.what and probe.ratio > 0
+    conv = net[0]  # the call _run_layers makes for a conv layer gives autograd's input and weight gradients
+    xi, w = x.clone().requires_grad_(), conv.weight.detach().clone().requires_grad_()
+    out = torch.nn.functional.conv2d(xi, w, None, conv.stride, conv.padding)
+    g = torch.randn_like(out)
+    want = torch.autograd.grad(out, (xi, w), g)
+    got = torch.ops.aten.convolution_backward(g, x, conv.weight.detach(), None, conv.stride, conv.padding,
+                                              conv.dilation, False, [0, 0], conv.groups, [True, True, False])
+    torch.testing.assert_close(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1])

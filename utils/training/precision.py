@@ -209,30 +209,47 @@ def gemm_probe(shapes, dtype=torch.bfloat16, *, device="cpu", calls: int = 20, s
                   lambda: [a @ b for a, b in pairs16], calls, device, rounds, gflop)
 
 
-def _run_layers(layers, dtype):
-    for module, x, w in layers:
+def _run_layers(layers, dtype, grads=None):
+    """Each layer's forward; with `grads` (one output gradient per layer) also its backward: the input and the weight
+    gradient, the two convolutions (or matmuls) autograd runs for it in a training step."""
+    for i, (module, x, w) in enumerate(layers):
         if isinstance(module, torch.nn.Conv2d):
             F.conv2d(x, w, None, module.stride, module.padding, module.dilation, module.groups)
+            if grads is not None:
+                torch.ops.aten.convolution_backward(grads[i], x, w, None, module.stride, module.padding,
+                                                    module.dilation, False, [0, 0], module.groups, [True, True, False])
         else:
             F.linear(x, w)
+            if grads is not None:
+                g = grads[i].reshape(-1, w.shape[0])
+                g @ w, g.t() @ x.reshape(-1, w.shape[1])  # input gradient, weight gradient
 
 
-def layer_probe(model, example, dtype=torch.bfloat16, *, calls: int = 20, rounds: int = 5) -> Probe:
+def layer_probe(model, example, dtype=torch.bfloat16, *, calls: int = 20, rounds: int = 5,
+                backward: bool = False) -> Probe:
     """The model's convolution and linear layers, each on the input it gets from `example`, in fp32 and `dtype`.
 
-    The same kernels the training step's *forward* runs (lesson 03), without the rest of the model around them. The
-    backward's convolutions (input and weight gradients, about twice the forward's work) are not timed: using this
-    ratio for them assumes they gain what the forward gains.
+    The same kernels the training step's *forward* runs (lesson 03), without the rest of the model around them. With
+    `backward`, each layer also runs its backward (the input and weight gradients, about twice the forward's work,
+    from a random output gradient), so the ratio covers the kernels of a whole training step's matrix math; without
+    it, using the ratio for the backward assumes it gains what the forward gains.
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"layer_probe() needs a torch.nn.Module, got {type(model).__name__}")
     _check(dtype, calls)
-    layers32 = [(m, x.float(), m.weight.detach().float()) for m, x, _ in _layer_calls(model, example)]
+    calls_made = _layer_calls(model, example)
+    layers32 = [(m, x.float(), m.weight.detach().float()) for m, x, _ in calls_made]
     layers16 = [(m, x.to(dtype), w.to(dtype)) for m, x, w in layers32]
     gflop = sum(2 * m * k * n for m, k, n in gemm_shapes(model, example)) / 1e9
-    return _probe("the model's own conv and linear layers (forward only)", dtype,
-                  lambda: _run_layers(layers32, torch.float32), lambda: _run_layers(layers16, dtype), calls,
-                  example.device, rounds, gflop)
+    grads32 = grads16 = None
+    if backward:
+        gen = torch.Generator().manual_seed(0)
+        grads32 = [torch.randn(shape, generator=gen).to(example.device) for _, _, shape in calls_made]
+        grads16 = [g.to(dtype) for g in grads32]
+        gflop *= 3  # the two gradients cost about twice the forward
+    what = "the model's own conv and linear layers (" + ("forward and backward" if backward else "forward only") + ")"
+    return _probe(what, dtype, lambda: _run_layers(layers32, torch.float32, grads32),
+                  lambda: _run_layers(layers16, dtype, grads16), calls, example.device, rounds, gflop)
 
 
 def cast_probe(model, dtype=torch.bfloat16, *, calls: int = 10) -> float:
