@@ -19,7 +19,7 @@ import numpy
 import torch
 
 from utils.checks import LabCheckFailed, expect, passed
-from utils.kernels import triton_softmax
+from utils.kernels import triton_matmul, triton_softmax
 
 # ---------------------------------------------------------------------------------------------------------------------
 # the Triton task: a looped (online) softmax kernel, run in Triton's interpreter on CPU tensors
@@ -94,24 +94,13 @@ def _triton_cases() -> list[tuple[str, torch.Tensor, int, int, str]]:
 def _recorded_loads():
     """Inside the block, every address an interpreted kernel loads (its unmasked lanes) goes into the yielded list,
     one NumPy array per tl.load."""
-    from triton.runtime import interpreter
-
-    builder = getattr(interpreter, "interpreter_builder", None)
-    original = getattr(builder, "create_masked_load", None)
-    if original is None or "create_masked_load" in vars(builder):
-        raise RuntimeError("the lab's read count needs triton 3.x's interpreter (interpreter_builder."
-                           "create_masked_load), or another count is already running")
     addresses: list = []
 
-    def recording_load(ptrs, mask, other, *args, **kwargs):
+    def record(ptrs, mask, grid_idx):
         addresses.append(numpy.asarray(ptrs.data)[numpy.asarray(mask.data, dtype=bool)].astype(numpy.uint64))
-        return original(ptrs, mask, other, *args, **kwargs)
 
-    builder.create_masked_load = recording_load  # an instance attribute: tl.load's path looks it up first
-    try:
+    with triton_matmul.watch_loads(record, "the lab's read count"):
         yield addresses
-    finally:
-        del builder.create_masked_load
 
 
 def _reads_per_element(addresses: list, x_buf: torch.Tensor) -> collections.Counter:

@@ -29,7 +29,7 @@ import triton.language as tl
 
 from utils.kernels.triton_softmax import interpreted, runs_in
 
-__all__ = ["matmul_kernel", "matmul", "count_loads", "predicted_load_bytes"]
+__all__ = ["matmul_kernel", "matmul", "watch_loads", "count_loads", "predicted_load_bytes"]
 
 
 @triton.jit
@@ -78,25 +78,37 @@ def predicted_load_bytes(m: int, n: int, k: int, tile: int, itemsize: int = 4) -
 
 
 @contextlib.contextmanager
-def count_loads():
-    """Inside the block, count the bytes each ``tl.load`` of an interpreted kernel fetches (its unmasked lanes x the
-    element size), per program: yields a Counter {(pid0, pid1, pid2): bytes} that fills as kernels run."""
+def watch_loads(on_load, who: str = "watch_loads"):
+    """Inside the block, call ``on_load(ptrs, mask, grid_idx)`` before every ``tl.load`` an interpreted kernel runs
+    (``TRITON_INTERPRET=1``): the one hook behind ``count_loads`` here and lab 06's read count. `who` names the caller
+    in the error raised when the interpreter has no such hook, or another watch is already running."""
     from triton.runtime import interpreter
 
     builder = getattr(interpreter, "interpreter_builder", None)
     original = getattr(builder, "create_masked_load", None)
     if original is None or "create_masked_load" in vars(builder):
-        raise RuntimeError(f"count_loads needs triton 3.x's interpreter (interpreter_builder.create_masked_load); "
+        raise RuntimeError(f"{who} needs triton 3.x's interpreter (interpreter_builder.create_masked_load); "
                            f"triton {triton.__version__} has none, or a count is already running")
-    counts: collections.Counter = collections.Counter()
 
-    def counting_load(ptrs, mask, other, *args, **kwargs):
-        itemsize = ptrs.get_element_ty().primitive_bitwidth // 8
-        counts[builder.grid_idx] += int(mask.data.sum()) * itemsize
+    def watched_load(ptrs, mask, other, *args, **kwargs):
+        on_load(ptrs, mask, builder.grid_idx)
         return original(ptrs, mask, other, *args, **kwargs)
 
-    builder.create_masked_load = counting_load  # an instance attribute: tl.load's path looks it up first
+    builder.create_masked_load = watched_load  # an instance attribute: tl.load's path looks it up first
     try:
-        yield counts
+        yield
     finally:
         del builder.create_masked_load
+
+
+@contextlib.contextmanager
+def count_loads():
+    """Inside the block, count the bytes each ``tl.load`` of an interpreted kernel fetches (its unmasked lanes x the
+    element size), per program: yields a Counter {(pid0, pid1, pid2): bytes} that fills as kernels run."""
+    counts: collections.Counter = collections.Counter()
+
+    def count(ptrs, mask, grid_idx):
+        counts[grid_idx] += int(mask.data.sum()) * (ptrs.get_element_ty().primitive_bitwidth // 8)
+
+    with watch_loads(count, "count_loads"):
+        yield counts
