@@ -56,7 +56,9 @@ def test_a_correct_pass_passes_and_reports_its_gain(capsys):
     assert result["nodes_before"] - result["nodes_after"] == depth
     assert "PASSED graph pass" in out
     assert re.search(r"^FIGURE graph_pass_speedup: \S+ x \(higher is better\)$", out, re.MULTILINE)
-    assert "after your pass vs the original graph" in out and "line 1.10x" in out
+    assert "after your pass vs the original graph" in out
+    # two decimals, or three when an interval's edge sits near the line (verdict.speed_line)
+    assert re.search(r"line 1\.100?x", out)
     assert "SMOKE MODE: the gain is reported, not judged" in out  # the suite runs with WORKBOOK_SMOKE=1
 
 
