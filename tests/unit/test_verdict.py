@@ -30,7 +30,7 @@ def test_speed_line_says_the_caveat_and_the_noise():
     assert "not like for like: 20-ulp exp" in line
     assert "too noisy" in verdict.speed_line("x", r(1.3, 1.2, 1.4, noisy="b: IQR 30%"), "y")
     line = verdict.speed_line("x", r(0.1, 0.09, 0.14, noisy="b: IQR 40%", spread=0.4), "y")
-    assert "-> slower" in line and "judged on [0.06-0.20], the interval widened by 40%" in line
+    assert "-> slower" in line and "judged on [0.064-0.196], the interval widened by 40%" in line
 
 
 def test_speed_line_names_a_consistent_effect_smaller_than_the_line():
@@ -80,3 +80,12 @@ def test_speed_line_prints_three_decimals_where_two_would_put_an_edge_on_the_lin
     assert "1.045-1.342" in near and "line 1.050x" in near and verdict.NOISE in near
     clear = verdict.speed_line("batch 8", Ratio(1.3, 1.2, 1.4, 5), "batch 1")
     assert "1.30x [1.20-1.40, 5 rounds]" in clear and verdict.FASTER in clear
+
+
+def test_a_ratio_far_below_one_keeps_two_significant_digits():
+    tiny = Ratio(value=0.0066, low=0.0051, high=0.0078, rounds=5)
+    line = verdict.speed_line("bf16 matmul", tiny, "fp32 matmul")
+    assert "0.0066x [0.0051-0.0078, 5 rounds]" in line and verdict.SLOWER in line
+    assert "0.0066x [0.0051-0.0078" in verdict.prediction_line("bf16 over fp32", tiny, 0.001, 0.05)
+    assert "1.34x [1.28-1.41" in verdict.speed_line("x", Ratio(value=1.34, low=1.28, high=1.41, rounds=5), "y")
+    assert "(line 1.05x either way)" in verdict.speed_line("bf16 matmul", tiny, "fp32 matmul")
