@@ -1,13 +1,21 @@
-"""Checks for labs/00_environment_lab.ipynb (lesson 00: the roofline probe)."""
+"""Checks for labs/00_environment_lab.ipynb (lesson 00: the roofline probe, and an elementwise chain at the memory
+roof)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from torch import Tensor
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from utils.checks import LabCheckFailed, call, expect, passed
-from utils.core import bench
+from utils.checks import LabCheckFailed, call, expect, expect_gain, figure, passed
+from utils.core import bench, env
+
+# The chain task (section 4): relu(x * a + b) on an fp32 (rows, CHAIN_COLS) tensor, a and b one value per column.
+CHAIN_COLS = 4096
+CHAIN_ATOL = CHAIN_RTOL = 1e-5  # a fused multiply-add rounds once where x * a + b rounds twice: far inside this
+CHAIN_LINE = 3.0  # your chain's speed over the naive expression's, every round of the comparison (full mode)
 
 
 class _TensorOps(TorchDispatchMode):
@@ -18,6 +26,7 @@ class _TensorOps(TorchDispatchMode):
         super().__init__()
         self.new_bytes = 0
         self.copied_bytes = 0
+        self.largest_new = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -26,6 +35,7 @@ class _TensorOps(TorchDispatchMode):
         for t in pytree.tree_leaves(out):
             if isinstance(t, Tensor) and t.untyped_storage().data_ptr() not in inputs:
                 self.new_bytes += t.untyped_storage().nbytes()
+                self.largest_new = max(self.largest_new, t.untyped_storage().nbytes())
         if func.overloadpacket.__name__ == "copy_":
             self.copied_bytes += args[0].nbytes
         return out
@@ -119,3 +129,123 @@ def check_classify(classify_fn, ridge: float) -> None:
         got = call(classify_fn, intensity, ridge, what="classify(intensity, ridge)")
         expect(got == want, f"classify({intensity:.3g}, ridge={ridge:.3g}) should be {want!r}, got {got!r}")
     passed("classify", f"ridge {ridge:.2f} flop/byte")
+
+
+# -- section 4: an elementwise chain at the memory roof -------------------------------------------------------------
+
+
+def chain_mib(smoke: bool | None = None) -> int:
+    """The size lesson 00 measures its out-of-cache roof at: at least 256 MiB and four last-level caches (smoke: 64
+    MiB and two), so the chain streams from DRAM."""
+    smoke = env.smoke_default() if smoke is None else smoke
+    llc = Path("/sys/devices/system/cpu/cpu0/cache/index3/size")  # Linux reports it as e.g. "32768K"
+    llc_mb = int(llc.read_text().strip().rstrip("K")) // 1024 if llc.is_file() else 32
+    return max(64, 2 * llc_mb) if smoke else max(256, 4 * llc_mb)
+
+
+def chain_inputs(rows: int, seed: int = 0):
+    """x (rows, CHAIN_COLS) fp32 and a, b (CHAIN_COLS,): one scale and one shift per column, seeded."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, CHAIN_COLS, generator=g)
+    return x, torch.randn(CHAIN_COLS, generator=g), torch.randn(CHAIN_COLS, generator=g)
+
+
+def naive_chain(x, a, b):
+    """The chain as one writes it first: three passes, each into a freshly allocated tensor of x's size."""
+    import torch
+
+    return torch.relu(x * a + b)
+
+
+def _chain_call(chain_into, x, a, b, out, what):
+    """One call of the learner's function into `out` (prefilled with NaN here), checked against the naive chain."""
+    import torch
+
+    out.fill_(float("nan"))
+    got = call(chain_into, x, a, b, out, what=what)
+    want = naive_chain(x, a, b)
+    written = ~torch.isnan(out).any(dim=1)
+    rows = out.shape[0]
+    if not written.any():
+        extra = ""
+        if isinstance(got, Tensor) and got.data_ptr() != out.data_ptr() and got.shape == want.shape:
+            extra = (": it returned a new tensor instead (the result has to land in the buffer it is given, with "
+                     "no output allocated per call)")
+        raise LabCheckFailed(f"{what} with x of shape {tuple(x.shape)} left out untouched{extra}")
+    if not bool(written.all()):
+        raise LabCheckFailed(f"{what} wrote only {int(written.sum())} of the {rows} rows of out (the first row left "
+                             f"unwritten is row {int((~written).nonzero()[0, 0])}): every element of x needs its result")
+    close = torch.isclose(out, want, atol=CHAIN_ATOL, rtol=CHAIN_RTOL)
+    if not bool(close.all()):
+        err = float((out - want).abs().max())
+        bad = int((~close).sum())
+        raise LabCheckFailed(f"{what}: {bad} of {out.numel()} elements differ from relu(x * a + b) by up to {err:.3g} "
+                             f"(atol {CHAIN_ATOL}, rtol {CHAIN_RTOL})")
+    return want
+
+
+def check_chain(chain_into, mib: int | None = None, *, smoke: bool | None = None) -> dict:
+    """The learner's chain_into(x, a, b, out): relu(x * a + b) written into `out`, a and b one value per column.
+
+    Correctness first, on fresh inputs each time: a small tensor whose row count is prime, a second set of inputs
+    (a result kept from an earlier call fails), the same x changed in place (a result kept per tensor fails), then
+    the timed size. One call runs under a dispatch mode that sees every tensor created: none may be half of x's size
+    or larger (each would be a fresh mapping whose pages fault in: lesson 00's allocate + copy row). Then the learner's
+    function and the naive expression in interleaved rounds at lesson 00's out-of-cache size (full mode judges the
+    gain against CHAIN_LINE, smoke mode reports it), and the learner's GB/s as a fraction of bench.copy_into_gbps at
+    the same size, measured in the same run (the faster of a run before the rounds and one after)."""
+    import torch
+
+    smoke = env.smoke_default() if smoke is None else smoke
+    mib = mib or chain_mib(smoke)
+    rows = mib * 2**20 // (4 * CHAIN_COLS)
+    what = "chain_into(x, a, b, out)"
+    x, a, b = chain_inputs(37, seed=11)  # a prime number of rows: no chunk size divides it
+    first = _chain_call(chain_into, x, a, b, torch.empty_like(x), what)
+    x2, a2, b2 = chain_inputs(37, seed=12)
+    out = torch.empty_like(x2)
+    out.fill_(float("nan"))
+    call(chain_into, x2, a2, b2, out, what=what)
+    expect(not torch.allclose(out, first, atol=CHAIN_ATOL, rtol=CHAIN_RTOL),
+           f"{what} given new inputs wrote the result of the first call's inputs again: it hands back a result it "
+           "computed before instead of computing this one")
+    _chain_call(chain_into, x2, a2, b2, out, what + " on a second set of inputs")
+    x2.mul_(-1.5).add_(0.25)  # the same tensor, new values
+    _chain_call(chain_into, x2, a2, b2, out, what + " after x changed in place")
+    x, a, b = chain_inputs(rows, seed=13)
+    out = torch.empty_like(x)
+    _chain_call(chain_into, x, a, b, out, what + f" on {mib} MiB")
+    watch = _TensorOps()
+    with watch:
+        call(chain_into, x, a, b, out, what=what)
+    mb = 2**20
+    expect(watch.largest_new < x.nbytes / 2,
+           f"each call of {what} creates a new tensor of {watch.largest_new / mb:.0f} MiB (x is {x.nbytes / mb:.0f} "
+           f"MiB; {watch.new_bytes / mb:.0f} MiB of new tensors in all): above glibc's mmap threshold each such "
+           "tensor is a fresh mapping whose pages fault in on first touch, lesson 00's allocate + copy row")
+    roof_s = 0.1 if smoke else 0.5
+    roofs = [bench.copy_into_gbps(x.nbytes, min_run_time=roof_s)]
+    res = bench.compare({"relu(x * a + b)": lambda: naive_chain(x, a, b),
+                         "your chain_into": lambda: chain_into(x, a, b, out)},
+                        rounds=3 if smoke else 7, min_run_time=0.05 if smoke else 0.3, quiet=True)
+    _chain_call(chain_into, x, a, b, out, what + " after the timing")  # it still computes, not only the first time
+    roofs.append(bench.copy_into_gbps(x.nbytes, min_run_time=roof_s))
+    roof = max(roofs)  # lesson 00's roof: the fastest of the runs (a busy neighbour can only slow a copy down)
+    moved = 2 * x.nbytes  # read x, write out: what a copy of x moves (a and b stay in cache)
+    gbps = {name: moved / (r.median_ms / 1e3) / 1e9 for name, r in res.items()}
+    for name, r in res.items():
+        print(f"  {name:18s} {r.median_ms:8.2f} ms  {gbps[name]:6.1f} GB/s  ({gbps[name] / roof:.0%} of the copy roof)")
+    print(f"  {'copy into a buffer':18s} {moved / roof / 1e6:8.2f} ms  {roof:6.1f} GB/s  (the roof: bench.copy_into_gbps "
+          f"at {mib} MiB, the faster of two runs in this check: {roofs[0]:.1f} before the rounds, {roofs[1]:.1f} after)")
+    ratio = res.ratio("your chain_into")
+    line = expect_gain("your chain_into", ratio, "relu(x * a + b)", CHAIN_LINE,
+                       "How many times does each element travel between DRAM and the cores in your version, and how "
+                       "many fresh pages does each call touch?", smoke=smoke)
+    fraction = gbps["your chain_into"] / roof
+    passed("chain at the memory roof", f"correct on fresh inputs (atol {CHAIN_ATOL}, rtol {CHAIN_RTOL}), written into "
+                                       f"out, no tensor of x's size created; {line}; {fraction:.0%} of the copy roof")
+    figure("chain_speedup_over_naive", ratio.value, "x")
+    figure("chain_fraction_of_copy_roof", fraction, "x")
+    return {"speedup": ratio, "fraction_of_roof": fraction, "gbps": gbps["your chain_into"], "roof_gbps": roof}

@@ -1,4 +1,5 @@
-"""Checks for labs/01_inference_modes_lab.ipynb (lesson 01: a correct, fast predict and a batch-size benchmark).
+"""Checks for labs/01_inference_modes_lab.ipynb (lesson 01: a correct, fast predict, a batch-size benchmark, and a
+queue of small requests served faster than one predict call per request).
 
 Each check builds its own small models and inputs, calls the learner's function through utils.checks.call (so a TODO
 stub fails with a clear message), and compares with utils.inference, the lesson's reference helpers. The learner's
@@ -12,10 +13,16 @@ import math
 import time
 
 from utils import inference
-from utils.checks import LabCheckFailed, call, expect, figure, no_reference, passed
+from utils.checks import LabCheckFailed, call, expect, expect_gain, figure, no_reference, passed
+from utils.core import bench, env, models
 
 # the lesson's reference: a predict (or benchmark) that calls these is the course's answer, not the learner's
 _REFERENCE_PREDICT = (inference.predict, inference.validate_images, inference.model_device, inference.check_same_device)
+
+# The serving task (section 5): a queue of small requests, each 1-4 images, served by ResNet-18.
+SERVE_ATOL = SERVE_RTOL = 1e-4  # batches of other sizes run other kernels: about 1e-6 apart here
+SERVE_LINE = 1.5  # your serve's speed over one predict call per request, every round of the comparison (full mode)
+SERVE_MAX_BATCH = 32
 
 
 def _recording(inner):
@@ -267,3 +274,105 @@ def check_pick_batch_size(pick_batch_size) -> None:
     else:
         raise LabCheckFailed("pick_batch_size(results, 5.0) should raise ValueError: no batch size fits 5 ms")
     passed("pick_batch_size", "budgets 100/40/1000/10 ms -> 16/8/16/1; 5 ms rejected")
+
+
+# -- section 5: serve a queue of small requests -----------------------------------------------------------------------
+
+
+def serve_queue(n: int, size: int, seed: int, sizes=None):
+    """A queue of `n` requests, each a (k, 3, size, size) batch with k from 1 to 4 (or the given `sizes`), seeded."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    sizes = list(sizes) if sizes is not None else torch.randint(1, 5, (n,), generator=g).tolist()
+    return [torch.randn(k, 3, size, size, generator=g) for k in sizes]
+
+
+def one_predict_per_request(model, requests, max_batch: int):
+    """The straightforward way, the baseline: the lesson's predict called once for each request."""
+    return [inference.predict(model, r, max_batch=max_batch) for r in requests]
+
+
+def _served(serve, model, requests, max_batch: int, label: str) -> list:
+    """The learner's serve on a recorded copy of `model`, checked against one reference predict per request."""
+    import torch
+
+    want = one_predict_per_request(copy.deepcopy(model), requests, max_batch)
+    rec = _recording(copy.deepcopy(model))
+    what = f"serve(model, requests, max_batch={max_batch}) on {label}"
+    with no_reference(*_REFERENCE_PREDICT, what="your serve"):
+        got = call(serve, rec, requests, max_batch, what=what)
+    total, n = sum(len(r) for r in requests), len(requests)
+    expect(isinstance(got, list | tuple), f"{what} should return a list with one output per request, got "
+                                          f"{type(got).__name__}")
+    expect(len(got) == n, f"{what} returned {len(got)} outputs for {n} requests: one output per request, in the "
+                          "order of the queue")
+    sizes = [c["batch"] for c in rec.calls]
+    expect(sizes, f"{what} never called the model, so its outputs cannot be this queue's")
+    expect(not any(c["grad_enabled"] for c in rec.calls),
+           f"{what}: the model ran with autograd recording, keeping every activation alive for a backward pass that "
+           "never comes")
+    expect(not any(c["training"] for c in rec.calls),
+           f"{what}: the model ran in train mode (Dropout on, BatchNorm normalizing with each batch's statistics)")
+    expect(max(sizes) <= max_batch, f"{what}: the model saw batches of {sizes}; a batch larger than max_batch="
+                                    f"{max_batch} reached it, so memory grows with the queue")
+    expect(sum(sizes) == total, f"{what}: the model saw {sum(sizes)} images in batches {sizes}, but the queue holds "
+                                f"{total} ({'some ran more than once' if sum(sizes) > total else 'some never ran'})")
+    for i, (r, out, ref) in enumerate(zip(requests, got, want, strict=True)):
+        expect(torch.is_tensor(out) and tuple(out.shape) == tuple(ref.shape),
+               f"{what}: the output for request {i} ({len(r)} images) has shape "
+               f"{tuple(out.shape) if torch.is_tensor(out) else type(out).__name__}, expected {tuple(ref.shape)}: one "
+               "row per image of that request")
+        expect(out.device.type == "cpu", f"{what}: the output for request {i} is on {out.device}, not on the CPU")
+        if not torch.allclose(out.float(), ref, atol=SERVE_ATOL, rtol=SERVE_RTOL):
+            err = float((out.float() - ref).abs().max())
+            raise LabCheckFailed(f"{what}: the output for request {i} ({len(r)} images) differs from predict on that "
+                                 f"request alone by up to {err:.3g} (atol {SERVE_ATOL}, rtol {SERVE_RTOL}): its rows "
+                                 "belong to other images, or come from an earlier queue")
+    return sizes
+
+
+def check_serve(serve, *, smoke: bool | None = None, requests: int | None = None, image_size: int | None = None) -> dict:
+    """The learner's serve(model, requests, max_batch): one output per request, in order, as the lesson's predict
+    gives it for that request alone (within SERVE_ATOL / SERVE_RTOL).
+
+    Correctness first, on fresh queues each time, on a tiny CNN left in train mode: a queue with a request larger
+    than max_batch, a queue of the same sizes with new images (outputs kept from an earlier queue fail), a third
+    queue, a queue of one image. Every model call
+    is recorded: at most max_batch images, each image once, eval mode, no autograd. The course's predict and its
+    helpers may not be called. Then ResNet-18 at 64 px (smoke: 32 px) on a queue of 32 requests (smoke: 12) with
+    max_batch SERVE_MAX_BATCH, the learner's serve against one predict call per request in interleaved rounds: full
+    mode judges the gain against SERVE_LINE, smoke mode reports it."""
+    smoke = env.smoke_default() if smoke is None else smoke
+    tiny = inference.tiny_cnn(seed=7)  # train mode on purpose
+    first = serve_queue(0, 32, seed=21, sizes=[3, 11, 1, 4, 2])  # 21 images, max_batch 8: one request is larger
+    _served(serve, tiny, first, 8, "a queue of 5 requests (3, 11, 1, 4, 2 images)")
+    _served(serve, tiny, serve_queue(0, 32, seed=22, sizes=[3, 11, 1, 4, 2]), 8,
+            "a second queue of the same sizes, new images")
+    third = serve_queue(7, 32, seed=25)
+    _served(serve, tiny, third, 8, f"a third queue of 7 requests ({sum(len(r) for r in third)} images)")
+    one = _served(serve, tiny, serve_queue(0, 32, seed=23, sizes=[1]), 8, "a queue of one image")
+    expect(one == [1], f"a queue of one image should be one model call of 1, got {one}")
+
+    n = requests or (12 if smoke else 32)
+    size = image_size or (32 if smoke else 64)
+    model = models.vision_model("resnet18")
+    queue = serve_queue(n, size, seed=24)
+    calls = _served(serve, model, queue, SERVE_MAX_BATCH, f"the timed queue of {n} requests")
+    res = bench.compare({"one predict per request": lambda: one_predict_per_request(model, queue, SERVE_MAX_BATCH),
+                         "your serve": lambda: serve(model, queue, SERVE_MAX_BATCH)},
+                        rounds=3 if smoke else 5, min_run_time=0.05 if smoke else 0.5, quiet=True)
+    images = sum(len(r) for r in queue)
+    for name, r in res.items():
+        print(f"  {name:24s} {r.median_ms:8.1f} ms per queue, {images / (r.median_ms / 1e3):7.1f} images/s")
+    print(f"  ResNet-18 at {size} px, {n} requests of 1-4 images ({images} in all), max_batch {SERVE_MAX_BATCH}: one "
+          f"predict per request calls the model {sum(-(-len(r) // SERVE_MAX_BATCH) for r in queue)} times, your serve "
+          f"{len(calls)} times")
+    ratio = res.ratio("your serve")
+    line = expect_gain("your serve", ratio, "one predict per request", SERVE_LINE,
+                       "What does one model call cost besides its arithmetic, and how many calls does your serve make "
+                       "for this queue?", smoke=smoke)
+    passed("serve a queue", f"outputs match predict per request (atol {SERVE_ATOL}, rtol {SERVE_RTOL}), at most "
+                            f"max_batch images per call, eval mode, no autograd; {line}")
+    figure("serve_speedup_over_per_request", ratio.value, "x")
+    return {"speedup": ratio, "calls": calls, "images": images}
