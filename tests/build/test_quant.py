@@ -444,3 +444,13 @@ def test_calibration_check_refuses_a_stub():
 
     with pytest.raises(LabCheckFailed, match="not written yet"):
         lab04q.check_calibration(stub)
+
+
+def test_calibration_line_in_the_lab_text_matches_the_check():
+    import json
+
+    from utils.core import env
+
+    nb = json.loads((env.repo_root() / "solutions" / "04_quantization_lab.ipynb").read_text())
+    text = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    assert f"`lab04q.CALIBRATION_LINE` ({lab04q.CALIBRATION_LINE:g})" in text
