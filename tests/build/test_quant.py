@@ -2,6 +2,7 @@
 quantization, calibration with ONNX Runtime, group-wise 4-bit (RTN, GPTQ, AWQ) and SmoothQuant."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -344,3 +345,112 @@ def test_lab_checks_refuse_the_reference_and_stubs():
                         (lab04q.check_int8_linear, (stub,))):
         with pytest.raises(LabCheckFailed, match="not written yet"):
             check(*args)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# lab 04q's open task: calibrate(samples, qmin, qmax), judged by held-out output error against min-max's
+# ---------------------------------------------------------------------------------------------------------------------
+
+def good_calibrate(samples, qmin, qmax, *, stray=1e-4, steps=100):
+    """Keep the few values far from the rest out of the error, then search the clipping range with the smallest
+    round-trip error of the samples (stray=0: the plain search, which the corrupted values steer)."""
+    v = samples.flatten().float()
+    k = max(1, int(v.numel() * stray)) if stray else 1
+    lo, hi = float(v.kthvalue(k).values), float(v.kthvalue(v.numel() - k + 1).values)
+    v = v[(v >= lo) & (v <= hi)]
+    best = None
+    for f in torch.linspace(1 / steps, 1.0, steps).tolist():
+        scale, zp = good_qparams(lo * f, hi * f, qmin, qmax)
+        err = float((good_dequantize(good_quantize(v, scale, zp, qmin, qmax), scale, zp) - v).pow(2).mean())
+        if best is None or err < best[0]:
+            best = (err, scale, zp)
+    return best[1], best[2]
+
+
+def test_calibration_cases_are_fresh_and_hold_out_their_inputs():
+    names = list(lab04q.CALIBRATION_CASES)
+    cases = [lab04q.calibration_case(n) for n in names]
+    spans = [float(c["samples"].abs().max()) for c in cases]
+    assert len({round(math.log10(s)) for s in spans}) == len(spans)  # scales far apart: no one range serves them all
+    assert len({(c["qmin"], c["qmax"]) for c in cases}) == len(cases)
+    for c in cases:
+        assert c["inputs"].shape == (lab04q.CAL_CHUNKS, lab04q.CAL_CHUNK_TOKENS, lab04q.CAL_CHANNELS)
+        assert not c["glitches"] or float(c["samples"].abs().max()) > 2 * float(c["inputs"].abs().max())
+    again = lab04q.calibration_case(names[0])
+    assert torch.equal(again["samples"], cases[0]["samples"])  # seeded: the measurement is deterministic
+
+
+def test_calibration_check_passes_on_a_good_answer(capsys):
+    results = lab04q.check_calibration(good_calibrate)
+    out = capsys.readouterr().out
+    assert "PASSED calibrate" in out
+    assert re.search(r"^FIGURE calibration_error_ratio: \S+ x \(lower is better\)$", out, re.MULTILINE)
+    assert out.count("-> held") == len(lab04q.CALIBRATION_CASES)
+    for ratio in results.values():  # the reference's worst held-out chunk sits well under the line
+        assert ratio.high * 1.3 <= lab04q.CALIBRATION_LINE, ratio
+
+
+def minmax_calibrate(samples, qmin, qmax):
+    return good_qparams(samples.min(), samples.max(), qmin, qmax)
+
+
+def one_sd_calibrate(samples, qmin, qmax):  # clipped so hard that typical values saturate
+    m, s = float(samples.mean()), float(samples.std())
+    return good_qparams(m - s, m + s, qmin, qmax)
+
+
+def hard_coded_calibrate(samples, qmin, qmax):  # the range that serves the first case, written into the code
+    return good_qparams(-24.0, 22.0, qmin, qmax)
+
+
+def int8_only_calibrate(samples, qmin, qmax):  # ignores the format it is given
+    return good_calibrate(samples, -128, 127)
+
+
+def plain_search_calibrate(samples, qmin, qmax):  # the clipping search, steered by the corrupted values
+    return good_calibrate(samples, qmin, qmax, stray=0)
+
+
+def in_place_calibrate(samples, qmin, qmax):
+    return good_calibrate(samples.clamp_(-20.0, 20.0), qmin, qmax)
+
+
+def reference_calibrate(samples, qmin, qmax):
+    lo, hi = samples.flatten().float().quantile(torch.tensor([1e-4, 1 - 1e-4]))
+    return affine.qparams(float(lo), float(hi), 8, signed=qmin < 0)
+
+
+@pytest.mark.parametrize("answer, symptom", [
+    (minmax_calibrate, "no gain over min-max"),
+    (one_sd_calibrate, "Clipping dominates: .* lie beyond your range"),
+    (hard_coded_calibrate, "int4.*reaches beyond every calibration sample"),
+    (int8_only_calibrate, "ignores how many codes"),
+    (plain_search_calibrate, "Rounding dominates.*a few far from the rest"),
+    (in_place_calibrate, "changed the samples"),
+    (lambda s, qmin, qmax: (0.0, 0), "finite and > 0"),
+    (lambda s, qmin, qmax: (float(s.max() - s.min()) / 255, qmin - 1), "zero point .* lies outside"),
+    (reference_calibrate, "reference implementation"),
+])
+def test_calibration_check_names_the_symptom(answer, symptom):
+    with pytest.raises(LabCheckFailed, match=symptom) as info:
+        lab04q.check_calibration(answer)
+    recipes = ("percentile", "quantile", "kthvalue", "trim", "search over", "1e-4")  # the answer, which no message gives
+    assert not any(r in str(info.value).lower() for r in recipes), str(info.value)
+
+
+def test_calibration_check_refuses_a_stub():
+    def stub(*_):
+        raise NotImplementedError("TODO")
+
+    with pytest.raises(LabCheckFailed, match="not written yet"):
+        lab04q.check_calibration(stub)
+
+
+def test_calibration_line_in_the_lab_text_matches_the_check():
+    import json
+
+    from utils.core import env
+
+    nb = json.loads((env.repo_root() / "solutions" / "04_quantization_lab.ipynb").read_text())
+    text = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    assert f"`lab04q.CALIBRATION_LINE` ({lab04q.CALIBRATION_LINE:g})" in text

@@ -5,6 +5,10 @@ dequantize(q, scale, zero_point) and int8_linear(qx, zx, sx, qw, sw, bias, s_out
 (or follows from integers) and is compared exactly with the reference arithmetic below; the edge cases are a zero
 range, a range that does not contain 0, saturation, ties, and a negative zero point. Failure messages describe the
 symptom, never the expected numbers.
+
+The open task, calibrate(samples, qmin, qmax) -> (scale, zero_point), is judged by a measurement: held-out inputs the
+learner never sees go through the reference int8 linear with the learner's range and with min-max's, and the output
+error of the first must be at most CALIBRATION_LINE of the second's on every held-out chunk (check_calibration).
 """
 
 from __future__ import annotations
@@ -13,15 +17,20 @@ import math
 
 import torch
 
-from utils.checks import LabCheckFailed, call, expect, no_reference, passed
-from utils.quantization import affine
+from utils.checks import LabCheckFailed, call, expect, figure, no_reference, passed
+from utils.core import verdict
+from utils.core.bench import Ratio
+from utils.quantization import affine, calibrate
 
-__all__ = ["check_qparams", "check_quantize", "check_int8_linear"]
+__all__ = ["check_qparams", "check_quantize", "check_int8_linear", "check_calibration", "calibration_case",
+           "CALIBRATION_CASES", "CALIBRATION_LINE"]
 
 INT8, UINT8, INT4 = (-128, 127), (0, 255), (-8, 7)
 # the lesson's own implementation: an answer that only calls it does not pass
 _REFERENCE = (affine.qparams, affine.quantize, affine.dequantize, affine.int_matmul, affine.int_matmul_kernel_form,
               affine.requantize, affine.fake_quant)
+# ... and of calibration: ONNX Runtime's calibrators as the lesson runs them
+_CALIBRATORS = (calibrate.tensors_data, calibrate.ranges)
 
 
 def _ref_qparams(xmin: float, xmax: float, qmin: int, qmax: int) -> tuple[float, int]:
@@ -190,3 +199,152 @@ def _check_int8_linear(int8_linear) -> None:
                              "the output's step?")
     passed("int8_linear", f"{len(cases)} layers: integer outputs identical to the reference, incl. a negative zero "
            "point and saturation")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the open task: calibration, judged by the output error of held-out inputs against min-max's
+# ---------------------------------------------------------------------------------------------------------------------
+
+# The learner's output error must be at most this share of min-max's, on every held-out chunk of every case. The
+# reference (stray values kept out of the error, then a search over clipping ranges) has its worst chunk at 0.23 with
+# these seeds and at most 0.38 with two other sets of seeds; min-max itself scores 1, a plain search over clipping
+# ranges about 0.6 (the corrupted values steer it), a fixed 99.9th percentile 0.6-1.1 (it clips real int8 traffic).
+CALIBRATION_LINE = 0.5
+CAL_CHANNELS = 256  # activation channels = the layer's inputs (and outputs)
+CAL_TOKENS = 1024  # calibration samples: tokens x channels
+CAL_CHUNKS, CAL_CHUNK_TOKENS = 8, 512  # held-out inputs, never shown to calibrate(): the interval spans the chunks
+CAL_LARGE = (4, 5.0)  # channels several times larger than the rest, as in transformer hidden states
+# name: (qmin, qmax, kind, scale, corrupted calibration values, seed). Three scales far apart and three formats, so a
+# range written into the code cannot serve them all, and the share worth clipping differs between 256 and 16 codes.
+CALIBRATION_CASES = {
+    "hidden state into int8, a few corrupted calibration values": (-128, 127, "hidden", 1.0, 4, 11),
+    "hidden state into int4 (16 codes), clean calibration": (-8, 7, "hidden", 0.02, 0, 12),
+    "post-GELU MLP activations into uint8, a few corrupted calibration values": (0, 255, "gelu", 6.0, 4, 13),
+}
+CAL_GLITCH = 4.0  # a corrupted value: this many times the largest real value of its calibration batch, either sign
+
+
+def _heavy_tailed(gen, shape):
+    """Laplace noise (heavier tails than a Gaussian, as activations have), unit scale."""
+    u = torch.rand(shape, generator=gen, dtype=torch.float64) - 0.5
+    return -torch.sign(u) * torch.log1p(-2 * u.abs())
+
+
+def calibration_case(name: str) -> dict:
+    """The tensors of one case of check_calibration: calibration `samples` (with its corrupted values), the held-out
+    `inputs` [CAL_CHUNKS, CAL_CHUNK_TOKENS, channels], the float layer `weight`/`bias`, and the format `qmin`/`qmax`.
+    Activations: heavy-tailed per channel, each channel its own size, CAL_LARGE channels several times larger."""
+    qmin, qmax, kind, scale, glitches, seed = CALIBRATION_CASES[name]
+    gen = torch.Generator().manual_seed(seed)
+    tokens = CAL_TOKENS + CAL_CHUNKS * CAL_CHUNK_TOKENS
+    size = torch.exp(torch.randn(CAL_CHANNELS, generator=gen, dtype=torch.float64) * 0.3)
+    x = _heavy_tailed(gen, (tokens, CAL_CHANNELS)) * size
+    x[:, torch.randperm(CAL_CHANNELS, generator=gen)[:CAL_LARGE[0]]] *= CAL_LARGE[1]
+    if kind == "gelu":
+        x = torch.nn.functional.gelu(x)
+    x = (x * scale).float()
+    samples = x[:CAL_TOKENS].clone()
+    if glitches:
+        where = torch.randperm(samples.numel(), generator=gen)[:glitches]
+        sign = torch.where(torch.rand(glitches, generator=gen) < 0.5, -1.0, 1.0)
+        samples.view(-1)[where] = sign * CAL_GLITCH * float(samples.abs().max())
+    weight = torch.randn(CAL_CHANNELS, CAL_CHANNELS, generator=gen, dtype=torch.float64) / CAL_CHANNELS**0.5
+    bias = torch.randn(CAL_CHANNELS, generator=gen, dtype=torch.float64) * 0.1
+    return {"samples": samples, "inputs": x[CAL_TOKENS:].view(CAL_CHUNKS, CAL_CHUNK_TOKENS, CAL_CHANNELS),
+            "weight": weight, "bias": bias, "qmin": qmin, "qmax": qmax, "glitches": glitches}
+
+
+def _layer_errors(case, scale, zp, qw, sw) -> torch.Tensor:
+    """Per held-out chunk: mean squared error of the reference int8 linear (activations quantized with (scale, zp),
+    int32 accumulator dequantized, bias added) against the float layer."""
+    qmin, qmax = case["qmin"], case["qmax"]
+    x = case["inputs"].reshape(-1, CAL_CHANNELS)
+    acc = (_ref_quantize(x, scale, zp, qmin, qmax) - zp) @ qw.T  # int32: 256 x 255 x 127 fits easily
+    y_int = acc.to(torch.float64) * (scale * sw) + case["bias"]
+    y = x.to(torch.float64) @ case["weight"].T + case["bias"]
+    return (y_int - y).pow(2).view(CAL_CHUNKS, -1).mean(1)
+
+
+def _activation_error_split(case, lo, hi, scale, zp):
+    """The held-out activations' squared error split into clipping (beyond [lo, hi]) and rounding, and the share of
+    values beyond the range."""
+    x = case["inputs"].reshape(-1).to(torch.float64)
+    clipped = x.clamp(lo, hi)
+    back = (_ref_quantize(x, scale, zp, case["qmin"], case["qmax"]) - zp).to(torch.float64) * scale
+    return float((clipped - x).pow(2).sum()), float((back - clipped).pow(2).sum()), float((clipped != x).double().mean())
+
+
+def check_calibration(calibrate_fn) -> dict:
+    """The learner's calibrate(samples, qmin, qmax) -> (scale, zero_point) on CALIBRATION_CASES: valid parameters for
+    the format, the samples left as they were, then the output error of the reference int8 linear on held-out inputs
+    with the learner's range, divided by the same error with min-max calibration from the same samples (the same run,
+    the same data). Every chunk of every case must be at most CALIBRATION_LINE (deterministic: seeded data)."""
+    results = {}
+    for name in CALIBRATION_CASES:
+        results[name] = _check_calibration_case(calibrate_fn, name)
+    worst = max(r.value for r in results.values())
+    passed("calibrate", f"{len(results)} activation tensors; output error at most {worst:.2f}x min-max's on held-out "
+           f"inputs (line {CALIBRATION_LINE:.2f}x on every chunk)")
+    figure("calibration_error_ratio", worst, "x", better="lower")  # of min-max's error
+    return results
+
+
+def _learner_qparams(calibrate_fn, samples, qmin, qmax, name):
+    given = samples.clone()
+    what = f"calibrate(samples, {qmin}, {qmax})"
+    with no_reference(*_REFERENCE, *_CALIBRATORS, what="calibrate"):
+        out = call(calibrate_fn, given, qmin, qmax, what=what)
+    scale, zp = _as_pair(out, what)
+    expect(torch.equal(given, samples), f"{name}: calibrate changed the samples it was given; it should only read them")
+    expect(qmin <= zp <= qmax, f"{name}: the zero point {zp} lies outside [{qmin}, {qmax}], so real 0 cannot be "
+           f"stored: does calibrate use the qmin and qmax it is given?")
+    return scale, zp
+
+
+def _check_calibration_case(calibrate_fn, name: str) -> Ratio:
+    case = calibration_case(name)
+    samples, qmin, qmax = case["samples"], case["qmin"], case["qmax"]
+    scale, zp = _learner_qparams(calibrate_fn, samples, qmin, qmax, name)
+    if qmax - qmin < 255:  # the same samples with 256 codes: the step must change with the number of codes
+        scale8, _ = _learner_qparams(calibrate_fn, samples, *INT8, name)
+        expect(not math.isclose(scale, scale8, rel_tol=1e-6),
+               f"{name}: calibrate returned the same step ({scale:.4g}) for [{qmin}, {qmax}] as for the same samples "
+               f"with [-128, 127]: it ignores how many codes the format has")
+    w = case["weight"]
+    sw = w.abs().amax(1) / 127  # int8 weights, symmetric, one scale per output row: the same on both sides
+    qw = torch.round(w / sw[:, None]).to(torch.int32)
+    smin, smax = float(samples.min()), float(samples.max())
+    s_mm, z_mm = _ref_qparams(smin, smax, qmin, qmax)
+    yours = _layer_errors(case, scale, zp, qw, sw).clamp_min(1e-300)
+    minmax = _layer_errors(case, s_mm, z_mm, qw, sw).clamp_min(1e-300)
+    per_chunk = (yours / minmax).tolist()
+    pooled = float(yours.sum() / minmax.sum())
+    ratio = Ratio(pooled, min(per_chunk), max(per_chunk), CAL_CHUNKS)
+    lo, hi = scale * (qmin - zp), scale * (qmax - zp)
+    print(f"{name}: your range [{lo:.4g}, {hi:.4g}] (scale {scale:.4g}, zero point {zp}); min-max [{smin:.4g}, "
+          f"{smax:.4g}]")
+    print("  " + verdict.prediction_line(f"output error / min-max's (interval over {CAL_CHUNKS} held-out chunks, "
+                                         "shown as rounds)", ratio, 0, CALIBRATION_LINE))
+    if verdict.prediction(ratio, 0, CALIBRATION_LINE) == verdict.HELD:
+        return ratio
+    clip, rounding, beyond = _activation_error_split(case, lo, hi, scale, zp)
+    share = clip / max(clip + rounding, 1e-300)
+    result = (f"{name}: your output error is {ratio.value:.2f}x min-max's (chunks {ratio.low:.2f}-{ratio.high:.2f}); "
+              f"the task wants at most {CALIBRATION_LINE:.2f}x on every held-out chunk.")
+    if math.isclose(scale, s_mm, rel_tol=1e-4) and abs(zp - z_mm) <= 1:
+        raise LabCheckFailed(f"{result} Your range is the samples' smallest and largest value: no gain over min-max. "
+                             "What sets the step here, and what does that step cost the typical values?")
+    span_lo, span_hi = min(smin, 0.0), max(smax, 0.0)
+    if lo < span_lo - scale or hi > span_hi + scale:
+        raise LabCheckFailed(f"{result} Your range [{lo:.4g}, {hi:.4g}] reaches beyond every calibration sample "
+                             f"([{smin:.4g}, {smax:.4g}]): its codes are spent on values that never occur. Does the "
+                             "range come from the samples you are given?")
+    if share > 0.5:
+        raise LabCheckFailed(f"{result} Clipping dominates: {beyond:.2%} of the held-out activations lie beyond your "
+                             f"range and their saturation is {share:.0%} of the activation error; the range cuts into "
+                             "values the layer sees all the time. What does a value beyond the edge cost, and how "
+                             "often does that happen?")
+    raise LabCheckFailed(f"{result} Rounding dominates: {share:.0%} of the activation error is clipping, the rest is "
+                         f"rounding with a step of {scale:.4g}. What sets your step: the values the layer sees all the "
+                         "time, or a few far from the rest? With this many codes, how far out does a value have to "
+                         "be before clipping it costs more than the step it widens?")
