@@ -3,8 +3,6 @@ roof)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from torch import Tensor
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -138,8 +136,7 @@ def chain_mib(smoke: bool | None = None) -> int:
     """The size lesson 00 measures its out-of-cache roof at: at least 256 MiB and four last-level caches (smoke: 64
     MiB and two), so the chain streams from DRAM."""
     smoke = env.smoke_default() if smoke is None else smoke
-    llc = Path("/sys/devices/system/cpu/cpu0/cache/index3/size")  # Linux reports it as e.g. "32768K"
-    llc_mb = int(llc.read_text().strip().rstrip("K")) // 1024 if llc.is_file() else 32
+    llc_mb = (env.last_level_cache_bytes() or 32 * 2**20) // 2**20  # 32 MiB where sysfs cannot say
     return max(64, 2 * llc_mb) if smoke else max(256, 4 * llc_mb)
 
 
