@@ -1,6 +1,7 @@
 """Unit tests for utils.graphs (lesson 02) and the lab 02 checks: correctness and clear errors, no timings."""
 
 import collections
+import re
 import warnings
 
 import pytest
@@ -352,3 +353,132 @@ def test_jit_debug_run_frames_with_and_without_the_jit():
 def test_jit_debug_run_bad_flag():
     with pytest.raises(ValueError, match="pytorch_jit must be '0' or '1'"):
         graphs.jit_debug_run("off")
+
+
+# ---- lab 02 section 5: remove the graph breaks ---------------------------------------------------------------------
+
+
+def _one_graph(x):  # a correct rewrite: every decision and statistic stays a tensor
+    h = torch.tanh(0.5 * x) + 0.05 * x
+    peak = h.abs().amax()
+    h = torch.where(peak > 1.0, h / peak, h)
+    positive = h > 0
+    h = h - 0.5 * torch.where(positive, h, 0.0).sum() / positive.sum()
+    h = torch.where(h.mean() > 0, torch.relu(h), 0.5 * h)
+    return h * torch.sigmoid(h)
+
+
+def _with_cond(x):  # correct too: the last decision as a torch.cond
+    h = torch.tanh(0.5 * x) + 0.05 * x
+    peak = h.abs().amax()
+    h = torch.where(peak > 1.0, h / peak, h)
+    positive = h > 0
+    h = h - 0.5 * (h * positive).sum() / positive.sum()
+    return torch.cond(h.mean() > 0, lambda h: torch.relu(h) * torch.sigmoid(torch.relu(h)),
+                      lambda h: 0.5 * h * torch.sigmoid(0.5 * h), (h,))
+
+
+def _log_left(x):  # the tensor work rewritten, the log call kept: one break left
+    h = torch.tanh(0.5 * x) + 0.05 * x
+    peak = h.abs().amax()
+    h = torch.where(peak > 1.0, h / peak, h)
+    lab02.log.debug("peak %s", "?")
+    positive = h > 0
+    h = h - 0.5 * torch.where(positive, h, 0.0).sum() / positive.sum()
+    h = torch.where(h.mean() > 0, torch.relu(h), 0.5 * h)
+    return h * torch.sigmoid(h)
+
+
+def _one_side_wrong(x):  # the shifted-mean decision's false side scaled by 0.25 instead of 0.5
+    h = torch.tanh(0.5 * x) + 0.05 * x
+    peak = h.abs().amax()
+    h = torch.where(peak > 1.0, h / peak, h)
+    positive = h > 0
+    h = h - 0.5 * torch.where(positive, h, 0.0).sum() / positive.sum()
+    h = torch.where(h.mean() > 0, torch.relu(h), 0.25 * h)
+    return h * torch.sigmoid(h)
+
+
+def _hard_coded(x):  # the branches the lab's example takes (peak > 1, mean <= 0), written without decisions
+    h = torch.tanh(0.5 * x) + 0.05 * x
+    h = h / h.abs().amax()
+    positive = h > 0
+    h = h - 0.5 * torch.where(positive, h, 0.0).sum() / positive.sum()
+    h = 0.5 * h
+    return h * torch.sigmoid(h)
+
+
+@torch.compiler.disable
+def _wraps_the_original(x):  # Dynamo still traces into the original it calls, breaks and all
+    return lab02.squash_and_center(x)
+
+
+_BREAK_ANSWER_TEXT = ("torch.where(", "amax()", ".sum() /", "positive.sum", "torch.cond(")
+
+
+@pytest.fixture
+def _record_speed(monkeypatch):
+    from utils import checks
+
+    monkeypatch.setenv(checks.SPEED_TARGETS_VAR, "record")  # a missed gain is printed here, not a test failure
+
+
+def test_lab02_break_inputs_take_every_branch():
+    for seed, shape in ((7, (48, 80)), (8, (48, 80)), (11, lab02.breaks_setup(True)["shape"]),
+                        (11, lab02.breaks_setup(False)["shape"])):
+        taken = {name: lab02.branches_taken(x) for name, x in lab02.branch_inputs_for_breaks(shape, seed).items()}
+        for name, (peak_above, mean_above) in taken.items():
+            assert ("peak > 1" in name) == peak_above and ("mean > 0" in name) == mean_above, (seed, name)
+    original = graphs.graph_breaks(lab02.squash_and_center, lab02.branch_inputs_for_breaks()["peak > 1, mean <= 0"])
+    assert original.graph_count >= 4 and original.break_count >= 3, str(original)  # .item(), log, mask, if tensor
+
+
+def test_lab02_break_check_modes():
+    smoke, full = lab02.breaks_setup(True), lab02.breaks_setup(False)
+    assert smoke["backend"] == "eager" and full["backend"] == "inductor"
+    assert full["shape"][0] * full["shape"][1] >= 64 * smoke["shape"][0] * smoke["shape"][1]
+    assert full["rounds"] >= 5 and lab02.BREAKS_LINE > 1.0
+
+
+@pytest.mark.parametrize("answer", [_one_graph, _with_cond])
+def test_lab02_break_check_passes_a_one_graph_rewrite(answer, capsys, monkeypatch, _record_speed):
+    monkeypatch.setenv("WORKBOOK_SMOKE", "1")
+    result = lab02.check_graph_breaks(answer)
+    out = capsys.readouterr().out
+    assert "PASSED graph breaks removed" in out
+    assert re.search(r"^FIGURE graph_breaks_speedup: \S+ x \(higher is better\)$", out, re.MULTILINE)
+    assert "SMOKE MODE: the gain is reported, not judged" in out
+    assert "first call (compile) original" in out and "your rewrite, compiled vs squash_and_center compiled" in out
+    assert result["breaks_before"] >= 3 and result["backend"] == "eager"
+
+
+@pytest.mark.parametrize("wrong, symptom", [
+    (lab02.squash_and_center, r"still finds \d+ graphs and \d+ graph break\(s\).*Tensor\.item\(\)"),
+    (_log_left, r"still finds 2 graphs and 1 graph break\(s\).*break 1: .*[Ll]ogg"),
+    (_one_side_wrong, "differs from squash_and_center on a fresh input where peak <= 1, mean <= 0"),
+    (_hard_coded, "differs from squash_and_center on a fresh input where peak <= 1, mean > 0"),
+    (_wraps_the_original, r"still finds \d+ graphs"),
+])
+def test_lab02_break_check_explains_wrong_answers(wrong, symptom, monkeypatch):
+    monkeypatch.setenv("WORKBOOK_SMOKE", "1")
+    with pytest.raises(LabCheckFailed, match=symptom) as caught:
+        lab02.check_graph_breaks(wrong)
+    message = str(caught.value)
+    assert not [t for t in _BREAK_ANSWER_TEXT if t in message], f"the message shows the answer: {message}"
+
+
+def test_lab02_break_check_keeps_dynamos_defaults(monkeypatch):
+    import torch._dynamo
+
+    monkeypatch.setenv("WORKBOOK_SMOKE", "1")
+    with torch._dynamo.config.patch(capture_scalar_outputs=True, capture_dynamic_output_shape_ops=True):
+        with pytest.raises(LabCheckFailed, match="graph break"):  # the settings hide the breaks; the check resets them
+            lab02.check_graph_breaks(lab02.squash_and_center)
+
+
+def test_lab02_break_check_stub():
+    def stub(x):
+        raise NotImplementedError("TODO: rewrite")
+
+    with pytest.raises(LabCheckFailed, match="not written yet"):
+        lab02.check_graph_breaks(stub)

@@ -1,14 +1,19 @@
-"""Checks for labs/02_graphs_lab.ipynb (lesson 02: torch.cond, torch.export with a dynamic batch, scripting a loop)."""
+"""Checks for labs/02_graphs_lab.ipynb (lesson 02: torch.cond, torch.export with a dynamic batch, scripting a loop,
+removing torch.compile's graph breaks from `squash_and_center`)."""
 
 from __future__ import annotations
 
+import logging
+import time
 import warnings
 
 import torch
 
 from utils import graphs
-from utils.checks import LabCheckFailed, call, expect, passed
-from utils.core import env
+from utils.checks import LabCheckFailed, call, expect, expect_gain, figure, passed
+from utils.core import bench, env
+
+log = logging.getLogger(__name__)
 
 ATOL, RTOL = 1e-5, 1e-5
 
@@ -196,3 +201,156 @@ def check_scripted_loop(loop_cls) -> None:
     expect(loops >= 1, "the scripted graph has no prim::Loop: the repetition was compiled as straight-line code, so "
                        "the program cannot repeat a number of times known only when it runs")
     passed("scripted loop", f"steps 1 and 4 match; the graph keeps {loops} prim::Loop")
+
+
+# ---- section 5: remove the graph breaks ------------------------------------------------------------------------------
+
+
+def squash_and_center(x: torch.Tensor) -> torch.Tensor:
+    """Squash a batch of activations, rescale it by its peak, shift it by half the mean of its positive values and gate
+    it (lab 02, section 5): ordinary eager PyTorch that torch.compile captures only in pieces."""
+    h = torch.tanh(0.5 * x) + 0.05 * x
+    peak = h.abs().max().item()
+    if peak > 1.0:
+        h = h / peak
+    log.debug("peak %.3f", peak)
+    h = h - 0.5 * h[h > 0].mean()
+    if h.mean() > 0:
+        h = torch.relu(h)
+    else:
+        h = 0.5 * h
+    return h * torch.sigmoid(h)
+
+
+# (scale, shift) of x = scale * randn + shift: one input per pair of branches of squash_and_center, each side with a
+# margin (peak 0.7-0.97 or above 1.5; the shifted mean beyond +-0.03), checked in tests/build/test_graphs.py
+BREAK_INPUTS = {
+    "peak <= 1, mean > 0": (0.4, 0.4),
+    "peak <= 1, mean <= 0": (0.4, -0.2),
+    "peak > 1, mean > 0": (3.0, 2.0),
+    "peak > 1, mean <= 0": (3.0, -1.0),
+}
+BREAKS_LINE = 2.0  # full mode: the rewrite compiled with inductor vs the original compiled with inductor
+BREAKS_BACKEND = {True: "eager", False: "inductor"}  # smoke: Dynamo alone (inductor's C++ builds take ~30 s cold)
+
+
+def breaks_setup(smoke: bool) -> dict:
+    """What check_graph_breaks times in each mode: backend, input shape, rounds and seconds per round."""
+    return {"backend": BREAKS_BACKEND[smoke], "shape": (64, 256) if smoke else (2048, 2048),
+            "rounds": 3 if smoke else 7, "min_run_time": 0.05 if smoke else 0.3}
+
+
+def branch_inputs_for_breaks(shape=(48, 80), seed: int = 7) -> dict[str, torch.Tensor]:
+    """Fresh inputs, one per pair of branches of squash_and_center (names in BREAK_INPUTS)."""
+    gen = torch.Generator().manual_seed(seed)
+    return {name: scale * torch.randn(shape, generator=gen) + shift for name, (scale, shift) in BREAK_INPUTS.items()}
+
+
+def branches_taken(x: torch.Tensor) -> tuple[bool, bool]:
+    """(peak > 1, shifted mean > 0): the two decisions squash_and_center makes on x."""
+    h = torch.tanh(0.5 * x) + 0.05 * x
+    peak = h.abs().max()
+    h = torch.where(peak > 1.0, h / peak, h)
+    h = h - 0.5 * h[h > 0].mean()
+    return bool(peak > 1.0), bool(h.mean() > 0)
+
+
+def _breaks_text(found: graphs.GraphBreaks) -> str:
+    return "; ".join(f"break {i}: {reason}" for i, reason in enumerate(found.reasons, 1)) or "no break reason given"
+
+
+def _first_call_s(fn, x) -> tuple[float, torch.Tensor]:
+    """The first call of a torch.compile'd function (capture and compile, then the run) and its output."""
+    cpp = logging.getLogger("torch.utils.cpp_extension")  # 'No CUDA runtime is found' on a CPU machine
+    level = cpp.level
+    cpp.setLevel(logging.ERROR)
+    try:
+        with graphs.quiet_torch_logs(), torch.no_grad():
+            t0 = time.perf_counter()
+            out = fn(x)
+            return time.perf_counter() - t0, out
+    finally:
+        cpp.setLevel(level)
+
+
+def check_graph_breaks(fn) -> dict:
+    """Your rewrite of squash_and_center: the same results on fresh inputs that take every branch, one graph and no
+    break in torch._dynamo.explain on each of them (the original's graphs and breaks are counted in the same run),
+    torch.compile(fullgraph=True) accepts it; then both compiled, timed in interleaved rounds. Full mode compiles with
+    inductor and judges the gain against BREAKS_LINE; smoke mode uses Dynamo's eager backend (no C++ build), reports
+    the gain and judges the rest. Dynamo's settings that would hide a break (capture_scalar_outputs,
+    capture_dynamic_output_shape_ops) are kept at their defaults while the check runs."""
+    import torch._dynamo
+
+    smoke = env.smoke_default()
+    setup = breaks_setup(smoke)
+    with torch._dynamo.config.patch(capture_scalar_outputs=False, capture_dynamic_output_shape_ops=False):
+        return _check_graph_breaks(fn, smoke, setup)
+
+
+def _check_graph_breaks(fn, smoke: bool, setup: dict) -> dict:
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    what = f"{getattr(fn, '__name__', 'your function')}(x)"
+    worst = 0.0
+    for name, x in branch_inputs_for_breaks().items():
+        with torch.no_grad():
+            want = squash_and_center(x)
+            got = call(fn, x.clone(), what=what)
+        expect(isinstance(got, torch.Tensor) and got.shape == want.shape and got.dtype == want.dtype,
+               f"{what} on the input with {name} should return a {want.dtype} tensor of shape {tuple(want.shape)}, "
+               f"got {type(got).__name__} {tuple(getattr(got, 'shape', ()))}")
+        err = (got - want).abs().max().item()
+        expect(torch.allclose(got, want, atol=ATOL, rtol=RTOL),
+               f"{what} differs from squash_and_center on a fresh input where {name}: max abs error {err:.2e} (atol "
+               f"{ATOL}). That side of the decision computes something else in your function (or your function "
+               "always takes one side)")
+        worst = max(worst, err)
+    example = branch_inputs_for_breaks(setup["shape"], seed=11)["peak > 1, mean <= 0"]
+    before = graphs.graph_breaks(squash_and_center, example)
+    for name, x in branch_inputs_for_breaks(seed=8).items():
+        found = graphs.graph_breaks(fn, x)
+        expect(found.graph_count >= 1,
+               f"torch._dynamo.explain captured no graph from your function on an input where {name}: Dynamo never "
+               "traced it (is it excluded from compilation?)")
+        expect(found.graph_count == 1 and found.break_count == 0,
+               f"torch._dynamo.explain still finds {found.graph_count} graphs and {found.break_count} graph break(s) "
+               f"in your function on an input where {name} (squash_and_center, counted in this run: "
+               f"{before.graph_count} graphs, {before.break_count} breaks). {_breaks_text(found)}")
+    backend = setup["backend"]
+    torch._dynamo.reset()
+    counters.clear()
+    original_c = torch.compile(squash_and_center, backend=backend)
+    try:
+        yours_c = torch.compile(fn, backend=backend, fullgraph=True)
+        yours_s, got = _first_call_s(yours_c, example)
+    except LabCheckFailed:
+        raise
+    except Exception as exc:  # noqa: BLE001 - what torch.compile says is what the learner needs
+        raise LabCheckFailed(f"torch.compile(your function, fullgraph=True) refused it: {graphs.first_line(exc)}") from None
+    original_s, want = _first_call_s(original_c, example)
+    cache = (counters["inductor"].get("fxgraph_cache_hit", 0), counters["inductor"].get("fxgraph_cache_miss", 0))
+    err = (got - want).abs().max().item()
+    expect(torch.allclose(got, want, atol=ATOL, rtol=RTOL),
+           f"compiled with fullgraph=True, your function differs from squash_and_center on the timed input: max abs "
+           f"error {err:.2e} (atol {ATOL})")
+    with torch.no_grad():
+        res = bench.compare({"original, compiled": lambda: original_c(example), "yours, compiled": lambda: yours_c(example)},
+                            rounds=setup["rounds"], min_run_time=setup["min_run_time"], quiet=True)
+    torch._dynamo.reset()
+    ratio = res.ratio("yours, compiled")
+    rows, cols = example.shape
+    print(f"torch._dynamo.explain: squash_and_center {before.graph_count} graphs, {before.break_count} breaks; yours "
+          f"1 graph, 0 breaks on all {len(BREAK_INPUTS)} branch inputs (max abs error {max(worst, err):.1e})")
+    print(f"backend {backend!r}, input {rows}x{cols} float32: first call (compile) original {original_s:.1f} s, yours "
+          f"{yours_s:.1f} s" + (f" (yours compiled first: in a fresh process its time includes inductor's one-time "
+                                f"start-up); inductor cache hits, misses {cache}" if backend == "inductor" else "")
+          + f"; per call original {res['original, compiled'].median_ms:.3f} ms, yours {res['yours, compiled'].median_ms:.3f} ms")
+    line = expect_gain("your rewrite, compiled", ratio, "squash_and_center compiled", BREAKS_LINE,
+                       "Which kernels does each compiled version run per call, and which intermediate tensors does "
+                       "each one write to memory and read back?", smoke=smoke)
+    passed("graph breaks removed", f"1 graph instead of {before.graph_count}; {line}")
+    figure("graph_breaks_speedup", ratio.value, "x")
+    return {"graphs_before": before.graph_count, "breaks_before": before.break_count, "speedup": ratio,
+            "backend": backend, "compile_s": {"original": original_s, "yours": yours_s}}
