@@ -108,6 +108,11 @@ def test_compare_and_try_fix(dataset):
     res = training.compare_loops({"callable": lambda: (calls.append(1), time.sleep(0.002))}, min_run_time=0.01,
                                  rounds=1, verbose=False)
     assert calls and res["callable"].median_ms >= 2.0  # a 2 ms sleep per step cannot time faster than 2 ms
+    # a step slower than min_run_time is one call per block: min_blocks sets the steps timed per round (smoke lowers it)
+    for blocks in (2, 3):
+        res = training.compare_loops({"callable": lambda: time.sleep(0.03)}, min_run_time=0.01, rounds=1,
+                                     verbose=False, min_blocks=blocks)
+        assert res["callable"].runs == blocks
     with pytest.raises(ValueError, match="at least one"):
         training.compare_loops({})
     with pytest.raises(ValueError, match="rounds"):
