@@ -199,6 +199,10 @@ def test_agenda_uses_measured_run_times_and_marks_missing_ones(build, tmp_path):
     assert "| 09:00 | 00_environment" in text and "2 (full run, 95 s)" in text
     assert "60 (full run, 3600 s)" in text
     assert "Not measured yet: 01_serving_basics, 02_graphs" in text and "lunch" in text  # lesson 01's part 2
+    # two days: lesson 05 opens day 2 at the start time, with the breaks again
+    day2 = text.split("**day 2**")[1]
+    assert "*end of day 1*" in text and day2.lstrip(" |\n").startswith("09:00 | 05_triton_ensemble")
+    assert "lunch" in day2 and "*end of day 2*" in day2
     with pytest.raises(ValueError, match="09:00"):
         agenda.agenda(results, start="9am")
     guide = tmp_path / "guide.md"

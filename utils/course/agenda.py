@@ -1,4 +1,4 @@
-"""A one-day workshop agenda from the measured run times (instructor guide; ``make agenda``).
+"""A two-day workshop agenda from the measured run times (instructor guide; ``make agenda``).
 
 ``python -m utils.course.agenda [--update docs/INSTRUCTOR.md] [--start 09:00]`` prints the agenda, writes
 build/agenda.md, and with --update rewrites the agenda block of the instructor guide.
@@ -20,19 +20,20 @@ from utils.course.run import runtimes_path
 
 __all__ = ["WORKSHOP_PLAN", "agenda", "update_agenda", "main"]
 
-# One-day workshop plan: minutes of explanation and of lab work per lesson are planning estimates; the minutes spent
-# running the notebook come from the measured run times (runtime_s) in build/results.
+# Workshop plan: minutes of explanation and of lab work per lesson are planning estimates; the minutes spent running
+# the notebook come from the measured run times (runtime_s) in build/results. Twenty-one parts of about 45 minutes each
+# do not fit one day: day 2 starts with lesson 05 (WORKSHOP_DAYS).
 WORKSHOP_PLAN: dict[str, tuple[int, int]] = {
-    "00_environment": (15, 15),
+    "00_environment": (15, 25),  # lab 00: the bandwidth probe, intensity, the ridge, the elementwise chain
     "01_inference_modes": (12, 0),  # part 1 of lesson 01: its lab comes after part 2
-    "01_serving_basics": (13, 25),  # part 2 of lesson 01, with the lesson's lab
-    "02_graphs": (12, 25),  # part 1 of lesson 02, with its lab
+    "01_serving_basics": (13, 35),  # part 2 of lesson 01, with the lesson's lab (predict, benchmark, a request queue)
+    "02_graphs": (12, 35),  # part 1 of lesson 02, with its lab (its graph-break task is part 2's subject)
     "02_jit_compilers": (13, 0),  # part 2 of lesson 02: no lab of its own
     "03_profiling_amp": (12, 25),
     "03_training_bound": (8, 0),  # part 2 of lesson 03: the lab is part 1's
     "04_onnx_tensorrt": (15, 0),  # part 1 of lesson 04: its lab comes after part 2
     "04_porting": (10, 25),  # part 2 of lesson 04, with the lab of parts 1 and 2
-    "04_quantization": (20, 20),  # part 3 of lesson 04, with its lab
+    "04_quantization": (20, 30),  # part 3 of lesson 04, with its lab (the arithmetic, then calibration)
     "04_sparsity_distillation": (15, 0),  # part 4 of lesson 04: no lab of its own
     "05_triton_ensemble": (10, 20),  # part 1 of lesson 05, with its lab (a config by hand, batching tuned)
     "05_triton_under_load": (10, 0),  # part 2 of lesson 05: no lab of its own
@@ -45,6 +46,7 @@ WORKSHOP_PLAN: dict[str, tuple[int, int]] = {
     "07_llm_tuning": (15, 0),  # part 4 of lesson 07: no lab of its own
     "08_interview_prep": (10, 20),
 }
+WORKSHOP_DAYS = ("00_environment", "05_triton_ensemble")  # the first lesson of each day
 _BREAKS = ((10 * 60 + 30, "coffee break", 15), (12 * 60 + 30, "lunch", 60), (15 * 60 + 15, "break", 15))
 
 
@@ -53,7 +55,7 @@ def _clock(minutes: int) -> str:
 
 
 def agenda(results: dict[str, dict] | None = None, start: str = "09:00", runtimes: dict | None = None) -> str:
-    """A one-day workshop agenda in Markdown, its run-time column taken from the measured runs (instructor guide).
+    """A two-day workshop agenda in Markdown, its run-time column taken from the measured runs (instructor guide).
 
     Each lesson's slot is explanation + running the notebook + lab. Explanation and lab minutes are the planning
     estimates in WORKSHOP_PLAN; the run minutes are measured. `runtimes` ({mode: {lesson: [seconds, oldest first]}},
@@ -74,8 +76,14 @@ def agenda(results: dict[str, dict] | None = None, start: str = "09:00", runtime
         "| time | session | explain (min, plan) | run the notebook (min, measured) | lab (min, plan) |",
         "|---|---|---|---|---|",
     ]
-    unmeasured, modes = [], set()
+    unmeasured, modes, ends = [], set(), []
     for stem, (talk, lab) in WORKSHOP_PLAN.items():
+        if stem in WORKSHOP_DAYS:  # a new day: the clock and the breaks start again
+            if ends or stem != next(iter(WORKSHOP_PLAN)):
+                lines.append(f"| {_clock(now)} | *end of day {len(ends) + 1}* | | | |")
+                ends.append(now)
+                now, breaks = hours * 60 + minutes, list(_BREAKS)
+            lines.append(f"| | **day {len(ends) + 1}** | | | |")
         data = results.get(stem, {})
         mode = data.get("mode", "full")
         history = runtimes.get(mode, {}).get(stem) or ([data["runtime_s"]] if "runtime_s" in data else [])
@@ -97,14 +105,16 @@ def agenda(results: dict[str, dict] | None = None, start: str = "09:00", runtime
         title = lesson_title(stem)
         lines.append(f"| {_clock(now)} | {stem}{': ' + title if title else ''} | {talk} | {run_txt} | {lab} |")
         now += talk + run_min + lab
-    lines.append(f"| {_clock(now)} | *end* | | | |")
+    lines.append(f"| {_clock(now)} | *end of day {len(ends) + 1}* | | | |")
+    ends.append(now)
     notes = []
     if unmeasured:
         notes.append(f"Not measured yet: {', '.join(unmeasured)} (run `make course`, then `make agenda`).")
     if "smoke" in modes:
         notes.append("Some run times come from smoke runs (small sizes); a full run takes longer.")
-    if now > 17 * 60 + 30:
-        notes.append(f"The day ends at {_clock(now)}: run the slowest lessons in smoke mode in class "
+    late = [f"day {i} ends at {_clock(end)}" for i, end in enumerate(ends, 1) if end > 17 * 60 + 30]
+    if late:
+        notes.append(f"{'; '.join(late).capitalize()}: run the slowest lessons in smoke mode in class "
                      "(`WORKBOOK_SMOKE=1`) or pre-run them with `make course` and walk through the executed copies.")
     return "\n".join(lines + ([""] + notes if notes else []))
 

@@ -69,7 +69,7 @@ def render(directory: Path | None = None, out: Path | None = None) -> Path:
                 f"| {stem} | {data.get('mode', '?')} | {runtime if runtime is not None else 'n/a'} | "
                 f"{len(data.get('metrics', {}))} | {len(data.get('skipped', {}))} |"
             )
-        lines += ["", "A one-day workshop agenda built from these run times: `make agenda` (docs/INSTRUCTOR.md).", ""]
+        lines += ["", "A two-day workshop agenda built from these run times: `make agenda` (docs/INSTRUCTOR.md).", ""]
         for stem, data in results.items():
             title = lesson_title(stem)
             lines += [f"## {stem}" + (f": {title}" if title else ""), "", lesson_markdown(data, results)]
