@@ -433,11 +433,17 @@ def test_lab02_break_inputs_take_every_branch():
     assert original.graph_count >= 4 and original.break_count >= 3, str(original)  # .item(), log, mask, if tensor
 
 
-def test_lab02_break_check_modes():
+def test_lab02_break_check_modes(monkeypatch):
+    from utils.core import env
+
     smoke, full = lab02.breaks_setup(True), lab02.breaks_setup(False)
-    assert smoke["backend"] == "eager" and full["backend"] == "inductor"
+    assert smoke["backend"] == "eager" and full["backend"] == ("inductor" if env.has("inductor") else "eager")
     assert full["shape"][0] * full["shape"][1] >= 64 * smoke["shape"][0] * smoke["shape"][1]
     assert full["rounds"] >= 5 and lab02.BREAKS_LINE > 1.0
+    # without Inductor (no C++ compiler) full mode times with Dynamo's eager backend and says why: reported, not judged
+    monkeypatch.setattr(lab02.env, "has", lambda name: name != "inductor")
+    fallback = lab02.breaks_setup(False)
+    assert fallback["backend"] == "eager" and fallback["no_inductor"] and not smoke["no_inductor"]
 
 
 @pytest.mark.parametrize("answer", [_one_graph, _with_cond])

@@ -53,6 +53,19 @@ def kept_per_sizes():
     return serve
 
 
+def one_output_buffer():
+    buffer = {}  # every call writes into the same output tensor, so a caller's earlier results change
+
+    def serve(model, requests, max_batch=32):
+        out = a_predict(model, torch.cat(requests), max_batch=max_batch)
+        if buffer.get("t") is None or buffer["t"].shape[1:] != out.shape[1:] or len(buffer["t"]) < len(out):
+            buffer["t"] = torch.empty(max(len(out), 64), *out.shape[1:])
+        buffer["t"][: len(out)].copy_(out)
+        return list(buffer["t"][: len(out)].split([len(r) for r in requests]))
+
+    return serve
+
+
 def via_the_course(model, requests, max_batch=32):
     sizes = [len(r) for r in requests]
     return list(inference.predict(model, torch.cat(requests), max_batch=max_batch).split(sizes))
@@ -96,6 +109,7 @@ def test_one_call_per_request_is_correct_and_shows_its_call_count(capsys):
     (equal_parts, "the output for request 0 (3 images) has shape (5, 10), expected (3, 10)"),
     (kept_per_sizes(), "a second queue of the same sizes, new images never called the model, so its outputs cannot"),
     (via_the_course, "calls utils.inference.predict, the course's reference implementation"),
+    (one_output_buffer(), "the outputs serve returned for the first queue changed after later queues were served"),
 ])
 def test_typical_wrong_answers_fail_with_their_symptom(wrong, symptom):
     with pytest.raises(LabCheckFailed, match=re.escape(symptom)):
@@ -108,3 +122,30 @@ def test_a_stub_fails_with_the_todo_message():
 
     with pytest.raises(LabCheckFailed, match="is not written yet"):
         lab01.check_serve(stub)
+
+
+def test_every_timed_call_gets_new_images_and_the_last_ones_are_checked():
+    seen = []  # every queue serve was handed, kept alive so that no id can be reused
+
+    def serve(model, requests, max_batch=32):
+        seen.append(requests)
+        return a_serve(model, requests, max_batch)
+
+    lab01.check_serve(serve)
+    timed = seen[5:]  # after the four correctness queues and the timed queue's own check
+    assert len(timed) >= 3
+    assert len({float(q[0].sum()) for q in timed}) == len(timed), "a timed call saw images an earlier call saw"
+    assert [len(r) for r in timed[0]] == [len(r) for r in timed[-1]]  # the same work every call
+
+
+def test_an_answer_that_stops_working_after_the_check_is_caught():
+    calls = {"n": 0}
+
+    def serve(model, requests, max_batch=32):  # right on the checked queues, stale once the timing has begun
+        calls["n"] += 1
+        if calls["n"] <= 6:
+            serve.kept = a_serve(model, requests, max_batch)
+        return serve.kept
+
+    with pytest.raises(LabCheckFailed, match="last timed queue"):
+        lab01.check_serve(serve)

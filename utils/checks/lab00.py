@@ -224,9 +224,18 @@ def check_chain(chain_into, mib: int | None = None, *, smoke: bool | None = None
            "tensor is a fresh mapping whose pages fault in on first touch, lesson 00's allocate + copy row")
     roof_s = 0.1 if smoke else 0.5
     roofs = [bench.copy_into_gbps(x.nbytes, min_run_time=roof_s)]
-    res = bench.compare({"relu(x * a + b)": lambda: naive_chain(x, a, b),
-                         "your chain_into": lambda: chain_into(x, a, b, out)},
+    poke = [0]
+
+    def timed():  # one element of out spoiled before each timed call: a call that skips its work leaves it spoiled
+        out.view(-1)[poke[0] % out.numel()] = float("nan")
+        poke[0] += 1_000_003
+        chain_into(x, a, b, out)
+
+    res = bench.compare({"relu(x * a + b)": lambda: naive_chain(x, a, b), "your chain_into": timed},
                         rounds=3 if smoke else 7, min_run_time=0.05 if smoke else 0.3, quiet=True)
+    expect(bool(torch.isclose(out, naive_chain(x, a, b), atol=CHAIN_ATOL, rtol=CHAIN_RTOL).all()),
+           f"after the timed calls out is not relu(x * a + b): {what} skipped its work when called again on the same "
+           "tensors (each timed call found one element of out spoiled and has to write it)")
     _chain_call(chain_into, x, a, b, out, what + " after the timing")  # it still computes, not only the first time
     roofs.append(bench.copy_into_gbps(x.nbytes, min_run_time=roof_s))
     roof = max(roofs)  # lesson 00's roof: the fastest of the runs (a busy neighbour can only slow a copy down)

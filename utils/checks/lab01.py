@@ -9,6 +9,7 @@ function runs under utils.checks.no_reference: an answer that calls those refere
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 import time
 
@@ -293,8 +294,9 @@ def one_predict_per_request(model, requests, max_batch: int):
     return [inference.predict(model, r, max_batch=max_batch) for r in requests]
 
 
-def _served(serve, model, requests, max_batch: int, label: str) -> list:
-    """The learner's serve on a recorded copy of `model`, checked against one reference predict per request."""
+def _served(serve, model, requests, max_batch: int, label: str) -> tuple[list, list, list]:
+    """The learner's serve on a recorded copy of `model`, checked against one reference predict per request; returns
+    the batch sizes the model saw, the learner's outputs and the reference ones."""
     import torch
 
     want = one_predict_per_request(copy.deepcopy(model), requests, max_batch)
@@ -328,8 +330,20 @@ def _served(serve, model, requests, max_batch: int, label: str) -> list:
             err = float((out.float() - ref).abs().max())
             raise LabCheckFailed(f"{what}: the output for request {i} ({len(r)} images) differs from predict on that "
                                  f"request alone by up to {err:.3g} (atol {SERVE_ATOL}, rtol {SERVE_RTOL}): its rows "
-                                 "belong to other images, or come from an earlier queue")
-    return sizes
+                                 "belong to other images, come from an earlier queue, or were computed in a lower "
+                                 "precision than predict's")
+    return sizes, list(got), want
+
+
+def _still_equal(got, want, what: str) -> None:
+    """The outputs of an earlier queue, compared again after later queues were served: they must not have changed."""
+    import torch
+
+    for i, (out, ref) in enumerate(zip(got, want, strict=True)):
+        if not torch.allclose(out.float(), ref, atol=SERVE_ATOL, rtol=SERVE_RTOL):
+            raise LabCheckFailed(f"the outputs serve returned for {what} changed after later queues were served (request "
+                                 f"{i} now differs from predict by up to {float((out.float() - ref).abs().max()):.3g}): "
+                                 "an output handed to a caller shares memory with something serve writes again")
 
 
 def check_serve(serve, *, smoke: bool | None = None, requests: int | None = None, image_size: int | None = None) -> dict:
@@ -346,22 +360,38 @@ def check_serve(serve, *, smoke: bool | None = None, requests: int | None = None
     smoke = env.smoke_default() if smoke is None else smoke
     tiny = inference.tiny_cnn(seed=7)  # train mode on purpose
     first = serve_queue(0, 32, seed=21, sizes=[3, 11, 1, 4, 2])  # 21 images, max_batch 8: one request is larger
-    _served(serve, tiny, first, 8, "a queue of 5 requests (3, 11, 1, 4, 2 images)")
+    _, first_got, first_want = _served(serve, tiny, first, 8, "a queue of 5 requests (3, 11, 1, 4, 2 images)")
     _served(serve, tiny, serve_queue(0, 32, seed=22, sizes=[3, 11, 1, 4, 2]), 8,
             "a second queue of the same sizes, new images")
     third = serve_queue(7, 32, seed=25)
     _served(serve, tiny, third, 8, f"a third queue of 7 requests ({sum(len(r) for r in third)} images)")
-    one = _served(serve, tiny, serve_queue(0, 32, seed=23, sizes=[1]), 8, "a queue of one image")
+    one, _, _ = _served(serve, tiny, serve_queue(0, 32, seed=23, sizes=[1]), 8, "a queue of one image")
     expect(one == [1], f"a queue of one image should be one model call of 1, got {one}")
+    _still_equal(first_got, first_want, "the first queue")
 
     n = requests or (12 if smoke else 32)
     size = image_size or (32 if smoke else 64)
     model = models.vision_model("resnet18")
     queue = serve_queue(n, size, seed=24)
-    calls = _served(serve, model, queue, SERVE_MAX_BATCH, f"the timed queue of {n} requests")
-    res = bench.compare({"one predict per request": lambda: one_predict_per_request(model, queue, SERVE_MAX_BATCH),
-                         "your serve": lambda: serve(model, queue, SERVE_MAX_BATCH)},
+    calls, _, _ = _served(serve, model, queue, SERVE_MAX_BATCH, f"the timed queue of {n} requests")
+    # every timed call gets a queue of its own (the same request sizes, new images), so nothing served before can be
+    # handed back; the last one each side served is checked after the timing
+    sizes, seeds, last = [len(r) for r in queue], itertools.count(1000), {}
+
+    def fresh_queue():
+        return serve_queue(n, size, seed=next(seeds), sizes=sizes)
+
+    def timed_serve():
+        q = fresh_queue()
+        last["served"] = q, serve(model, q, SERVE_MAX_BATCH)
+
+    res = bench.compare({"one predict per request": lambda: one_predict_per_request(model, fresh_queue(),
+                                                                                    SERVE_MAX_BATCH),
+                         "your serve": timed_serve},
                         rounds=3 if smoke else 5, min_run_time=0.05 if smoke else 0.5, quiet=True)
+    timed_queue, timed_out = last["served"]
+    _still_equal(timed_out, one_predict_per_request(model, timed_queue, SERVE_MAX_BATCH),
+                 "the last timed queue (compared once the timing was over)")
     images = sum(len(r) for r in queue)
     for name, r in res.items():
         print(f"  {name:24s} {r.median_ms:8.1f} ms per queue, {images / (r.median_ms / 1e3):7.1f} images/s")

@@ -305,6 +305,12 @@ def _check_calibration_case(calibrate_fn, name: str) -> Ratio:
     case = calibration_case(name)
     samples, qmin, qmax = case["samples"], case["qmin"], case["qmax"]
     scale, zp = _learner_qparams(calibrate_fn, samples, qmin, qmax, name)
+    # the same samples times 8 (exact in floating point): a range read from the samples scales with them, a range
+    # looked up or written into the code does not
+    scale_x8, zp_x8 = _learner_qparams(calibrate_fn, samples * 8, qmin, qmax, name)
+    expect(math.isclose(scale_x8, 8 * scale, rel_tol=1e-3) and abs(zp_x8 - zp) <= 1,
+           f"{name}: for the same samples times 8, calibrate returned a step {scale_x8 / scale:.4g}x as large (zero point "
+           f"{zp_x8} against {zp}), not 8x: its range does not follow the samples it is given")
     if qmax - qmin < 255:  # the same samples with 256 codes: the step must change with the number of codes
         scale8, _ = _learner_qparams(calibrate_fn, samples, *INT8, name)
         expect(not math.isclose(scale, scale8, rel_tol=1e-6),
