@@ -267,16 +267,10 @@ def _breaks_text(found: graphs.GraphBreaks) -> str:
 
 def _first_call_s(fn, x) -> tuple[float, torch.Tensor]:
     """The first call of a torch.compile'd function (capture and compile, then the run) and its output."""
-    cpp = logging.getLogger("torch.utils.cpp_extension")  # 'No CUDA runtime is found' on a CPU machine
-    level = cpp.level
-    cpp.setLevel(logging.ERROR)
-    try:
-        with graphs.quiet_torch_logs(), torch.no_grad():
-            t0 = time.perf_counter()
-            out = fn(x)
-            return time.perf_counter() - t0, out
-    finally:
-        cpp.setLevel(level)
+    with graphs.quiet_torch_logs(), torch.no_grad():
+        t0 = time.perf_counter()
+        out = fn(x)
+        return time.perf_counter() - t0, out
 
 
 def check_graph_breaks(fn) -> dict:

@@ -39,21 +39,16 @@ def _interval(measured) -> tuple[float, float] | None:
     return float(measured), float(measured)
 
 
-def _digits(ratio: Ratio, lines: tuple[float, ...]) -> int:
-    """Decimals to print a ratio with: three where an edge of its interval (raw or judged) would round onto one of
-    the lines it is judged against at two, so that a verdict never reads as contradicting the printed number."""
-    edges = [ratio.low, ratio.high, *(ratio.judged or ())]
-    near = _near_line_digits(ratio, lines)
-    # a ratio far below 1 (0.0066 [0.0051-0.0078]) keeps two significant digits instead of reading '0.01x [0.01-0.01]'
-    smallest = min((abs(e) for e in (ratio.value, *edges) if e), default=1.0)
-    small = min(6, 1 - math.floor(math.log10(smallest))) if smallest < 0.1 else 2
-    return max(near, small)
-
-
 def _near_line_digits(ratio: Ratio, lines: tuple[float, ...]) -> int:
     """Decimals for the lines themselves: three only where an interval's edge would round onto one at two."""
     edges = [ratio.low, ratio.high, *(ratio.judged or ())]
     return 3 if any(round(e, 2) == round(line, 2) for e in edges for line in lines) else 2
+
+
+def _small_digits(ratio: Ratio) -> int:
+    """A ratio far below 1 (0.0066 [0.0051-0.0078]) keeps two significant digits instead of reading '0.01x [0.01-0.01]'."""
+    smallest = min((abs(e) for e in (ratio.value, ratio.low, ratio.high, *(ratio.judged or ())) if e), default=1.0)
+    return min(6, 1 - math.floor(math.log10(smallest))) if smallest < 0.1 else 2
 
 
 def _noise_note(ratio: Ratio, digits: int = 2) -> str:
@@ -89,9 +84,9 @@ def speed(ratio: Ratio, threshold: float = DEFAULT_THRESHOLD) -> str:
 def speed_line(name: str, ratio: Ratio, baseline: str, threshold: float = DEFAULT_THRESHOLD) -> str:
     """One printed line: '<name> vs <baseline>: 1.34x [1.28-1.41, 5 rounds] -> faster (line 1.05x)'."""
     word = speed(ratio, threshold)
-    lines = (threshold, 1 / threshold, 1.0)
-    digits = _digits(ratio, lines)
-    line = (f"{name} vs {baseline}: {ratio.text(digits)} -> {word} (line {threshold:.{_near_line_digits(ratio, lines)}f}x either way)"
+    near = _near_line_digits(ratio, (threshold, 1 / threshold, 1.0))
+    digits = max(near, _small_digits(ratio))
+    line = (f"{name} vs {baseline}: {ratio.text(digits)} -> {word} (line {threshold:.{near}f}x either way)"
             + _noise_note(ratio, digits))
     judged = _interval(ratio)
     if word == NOISE and judged and (judged[0] > 1 or judged[1] < 1):  # consistent, but smaller than the line
@@ -125,7 +120,7 @@ def prediction_line(what: str, measured, low: float, high: float | None = None, 
     rng = f"at least {low:.4g}{unit}" if high is None else f"{low:.4g}-{high:.4g}{unit}"
     digits = 3
     if isinstance(measured, Ratio):  # three decimals (more far below 1): an edge must read as the verdict reads it
-        digits = max(3, _digits(measured, ()))
+        digits = max(3, _small_digits(measured))
         shown = measured.text(digits)
     else:
         shown = f"{float(measured):.4g}{unit}"

@@ -190,7 +190,8 @@ def first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip()
 
 
-_NOISY_LOGGERS = ("torch.fx.experimental.symbolic_shapes", "torch._dynamo", "torch._export", "torch.export")
+_NOISY_LOGGERS = ("torch.fx.experimental.symbolic_shapes", "torch._dynamo", "torch._export", "torch.export",
+                  "torch.utils.cpp_extension")  # the last: 'No CUDA runtime is found' when inductor builds on a CPU
 
 
 @contextlib.contextmanager
