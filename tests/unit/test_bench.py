@@ -100,6 +100,15 @@ def test_a_measurement_rests_on_at_least_three_blocks():
         bench.measure(lambda: None, min_blocks=0)
 
 
+def test_a_fixed_block_size_skips_the_estimate():
+    calls = []
+    res = bench.measure(lambda: calls.append(1), min_run_time=10.0, warmup=1, min_blocks=2, number=1)
+    # one warm-up call, then exactly two timed blocks of one call: no block-size estimate, min_run_time unused
+    assert len(calls) == 3 and res.runs == 2 and len(res.times_ms) == 2
+    with pytest.raises(ValueError, match="number must be a positive int"):
+        bench.measure(lambda: None, number=0)
+
+
 def test_rounds_that_disagree_make_a_ratio_noisy():
     # b's rounds: one fast, two slow; the ratio of medians (1.0x) and the median of per-round ratios (2.0x) disagree
     results = {k: bench.BenchResult(label=k, median_ms=m, iqr_ms=0.0, runs=3) for k, m in (("a", 10.0), ("b", 10.0))}

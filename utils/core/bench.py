@@ -73,12 +73,15 @@ def measure(
     items: int = 1,
     num_threads: int | None = None,
     min_blocks: int = MIN_BLOCKS,
+    number: int | None = None,
 ) -> BenchResult:
     """Time `fn()` (no arguments: close over the inputs). Warm-up calls are not measured.
 
     `min_run_time` (seconds) bounds the measuring time; smoke mode passes a small value. Whatever it is, the median
     and IQR rest on at least `min_blocks` timed blocks: a call slower than `min_run_time` would otherwise be timed
     once, with an IQR of 0 that hides all spread, and one call a busy neighbour slowed would set the whole result.
+    `number` fixes the calls per block and skips torch's block-size estimate (one untimed call of `fn`, however slow):
+    exactly `min_blocks` blocks of `number` calls, `min_run_time` unused (smoke runs of steps that take ~0.2 s each).
     """
     import torch
     from torch.utils import benchmark
@@ -89,6 +92,8 @@ def measure(
         raise ValueError(f"warmup must be >= 0 and min_run_time > 0, got warmup={warmup}, min_run_time={min_run_time}")
     if not isinstance(min_blocks, int) or min_blocks < 1:
         raise ValueError(f"min_blocks must be a positive int, got {min_blocks!r}")
+    if number is not None and (not isinstance(number, int) or number < 1):
+        raise ValueError(f"number must be a positive int or None, got {number!r}")
     for _ in range(warmup):
         fn()
     timer = benchmark.Timer(
@@ -97,22 +102,26 @@ def measure(
         label=label or getattr(fn, "__name__", "fn"),
         num_threads=num_threads or torch.get_num_threads(),
     )
-    parts = [timer.blocked_autorange(min_run_time=min_run_time)]
-    # top up to min_blocks blocks, each a 1/min_blocks share of the first block's calls (at least one call): a block of
-    # many calls still amortises the timer, and a top-up costs at most the first block's time again. Each top-up block
-    # is timed as it is (Timer._timeit): Timer.timeit() first runs max(number // 100, 2) untimed warm-up calls, which
-    # made a call slower than min_run_time cost 8 calls for its 3 timed blocks instead of 4 (blocked_autorange's
-    # block-size estimate, then the 3 blocks); these blocks follow calls of the same fn, so they start warm.
-    # (torch's Measurement.merge pools the blocks' per-call times)
-    number = max(1, -(-parts[0].number_per_run // min_blocks))
-    missing = min_blocks - len(parts[0].times)
+    if number is None:
+        parts = [timer.blocked_autorange(min_run_time=min_run_time)]
+        # top up to min_blocks blocks, each a 1/min_blocks share of the first block's calls (at least one call): a
+        # block of many calls still amortises the timer, and a top-up costs at most the first block's time again. Each
+        # top-up block is timed as it is (Timer._timeit): Timer.timeit() first runs max(number // 100, 2) untimed
+        # warm-up calls, which made a call slower than min_run_time cost 8 calls for its 3 timed blocks instead of 4
+        # (blocked_autorange's block-size estimate, then the 3 blocks); these blocks follow calls of the same fn, so
+        # they start warm. (torch's Measurement.merge pools the blocks' per-call times)
+        number = max(1, -(-parts[0].number_per_run // min_blocks))
+        missing = min_blocks - len(parts[0].times)
+    else:  # the caller fixed the block size: min_blocks blocks of `number` calls, no estimate
+        parts, missing = [], min_blocks
     time_block = getattr(timer, "_timeit", None)  # private; a torch without it falls back to timeit() and its warm-up
     if missing > 0 and time_block is None:
         parts += [timer.timeit(number=number) for _ in range(missing)]
     elif missing > 0:
-        with benchmark.utils.common.set_torch_threads(parts[0].task_spec.num_threads):
+        task_spec = parts[0].task_spec if parts else timer._task_spec
+        with benchmark.utils.common.set_torch_threads(task_spec.num_threads):
             extra = [time_block(number) for _ in range(missing)]
-        parts.append(benchmark.Measurement(number_per_run=number, raw_times=extra, task_spec=parts[0].task_spec))
+        parts.append(benchmark.Measurement(number_per_run=number, raw_times=extra, task_spec=task_spec))
     m = benchmark.Measurement.merge(parts)[0] if len(parts) > 1 else parts[0]
     return BenchResult(
         label=label or getattr(fn, "__name__", "fn"),

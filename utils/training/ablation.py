@@ -224,13 +224,14 @@ class FixTrial:
 
 
 def try_fix(current: Trainer, fix: Fix, dataset, *, min_run_time: float = 1.0, rounds: int = 2,
-            verbose: bool = True, min_blocks: int = bench.MIN_BLOCKS, **trainer_kwargs) -> FixTrial:
+            verbose: bool = True, min_blocks: int = bench.MIN_BLOCKS, number: int | None = None,
+            **trainer_kwargs) -> FixTrial:
     """Lesson 03's ablation step: build current.config + each option of `fix`, time them beside `current` in the same
     interleaved rounds, return the best (by its speedup over `current`, the median of the per-round ratios) with that
     speedup as a bench.Ratio.
 
     The other candidates are closed; the caller decides whether to keep the returned trainer (and closes it if not).
-    `trainer_kwargs` go to Trainer (batch_size, device, lr, ...); `min_blocks` to compare_loops.
+    `trainer_kwargs` go to Trainer (batch_size, device, lr, ...); `min_blocks` and `number` to compare_loops.
     """
 
     candidates, first = {}, {}
@@ -239,7 +240,7 @@ def try_fix(current: Trainer, fix: Fix, dataset, *, min_run_time: float = 1.0, r
         candidates[name] = Trainer(dataset, current.config.with_(**opt), **trainer_kwargs)
         first[name] = bench.first_call_ms(candidates[name].step)  # one-time costs (worker start, compilation)
     timings = compare_loops({"current loop": current, **candidates}, min_run_time=min_run_time, rounds=rounds,
-                            verbose=verbose, min_blocks=min_blocks)
+                            verbose=verbose, min_blocks=min_blocks, number=number)
     best = max(candidates, key=lambda k: timings.ratio(k).value)  # the number the verdict judges
     for name, tr in candidates.items():
         if name != best:

@@ -151,14 +151,15 @@ def allocator_ab(*, n_images: int, image_size: int, batch_size: int, steps: int 
                     ms[name].append(got["ms"])
                     faults[name].append(got["faults"])
         finally:
-            for child in children.values():
-                if child.poll() is None:
-                    child.stdin.close()
-                    try:
-                        child.wait(timeout=30)
-                    except subprocess.TimeoutExpired:
-                        child.kill()
-                        child.wait()
+            live = [child for child in children.values() if child.poll() is None]
+            for child in live:  # both told to finish first: they shut down side by side, not one after the other
+                child.stdin.close()
+            for child in live:
+                try:
+                    child.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+                    child.wait()
     return AllocatorAB(tuple(ms["default"]), tuple(ms["kept"]), tuple(faults["default"]), tuple(faults["kept"]))
 
 

@@ -355,7 +355,8 @@ def fix_diff(before: LoopConfig, after: LoopConfig, *, context: int = 1) -> str:
 
 
 def compare_loops(loops: dict, *, min_run_time: float = 1.0, rounds: int = 2, baseline: str | None = None,
-                  verbose: bool = True, min_blocks: int = bench.MIN_BLOCKS) -> bench.Comparison:
+                  verbose: bool = True, min_blocks: int = bench.MIN_BLOCKS,
+                  number: int | None = None) -> bench.Comparison:
     """Time each loop's step side by side in interleaved rounds (lesson 03): a bench.Comparison with intervals.
 
     A loop is a Trainer (its .step is timed) or a callable that runs one step (e.g. lesson 03's compute-bound step).
@@ -365,7 +366,8 @@ def compare_loops(loops: dict, *, min_run_time: float = 1.0, rounds: int = 2, ba
     bench.Comparison: {name: BenchResult} pooling every round's blocks, and ``.ratio(name, over=...)``, a bench.Ratio
     whose interval spans the per-round ratios. Prints each loop's time and its ratio over `baseline` (default: the
     first) unless `verbose` is False. `min_blocks` is bench.measure's floor of timed blocks per loop and round (one
-    step each for a step slower than `min_run_time`); smoke runs lower it to save steps.
+    step each for a step slower than `min_run_time`); smoke runs lower it to save steps, and pass `number=1` (steps
+    per timed block, without torch's block-size estimate: bench.measure) to save the estimate's untimed step.
     """
     if not loops:
         raise ValueError("compare_loops() needs at least one loop")
@@ -381,7 +383,7 @@ def compare_loops(loops: dict, *, min_run_time: float = 1.0, rounds: int = 2, ba
     per_fn = {name: ({"warmup": 2 * loop.config.num_workers, "items": loop.batch_size} if isinstance(loop, Trainer)
                      else {"warmup": 1}) for name, loop in loops.items()}
     out = bench.compare(fns, baseline, rounds=rounds, min_run_time=min_run_time, warmup_each_round=True,
-                        per_fn=per_fn, quiet=True, min_blocks=min_blocks)
+                        per_fn=per_fn, quiet=True, min_blocks=min_blocks, number=number)
     if verbose:
         for name, res in out.items():
             tail = "baseline" if name == baseline else f"{out.ratio(name)} vs {baseline}"
