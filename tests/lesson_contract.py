@@ -162,7 +162,7 @@ REQUIRED_METRICS = {
     "07_llm_serving": [
         "paged_logit_parity", "paged_serving_capacity_gain", "paged_serving_throughput_gain", "paged_serving_all_greedy",
         "prefix_cache_logits_max_abs", "prefix_cache_ttft_saved", "prefix_cache_hit_rate", "spec_decode_greedy_identical",
-        "spec_decode_speedup", "spec_decode_acceptance_rate", "spec_decode_distribution_pvalue",
+        "spec_decode_speedup", "spec_decode_speedup_best_k", "spec_decode_acceptance_rate", "spec_decode_distribution_pvalue",
         "spec_decode_wrong_rule_pvalue", "gqa_kv_bytes_ratio",
     ],
 }
