@@ -13,8 +13,9 @@
 - ``latency_p95``: TTFT p95, TPOT p95 and throughput of a served trace, the numbers a latency budget (an SLO) is
   written against (section 3 sweeps max_batch against one).
 - ``predicted_tpot_quantile``: the TPOT quantile a full batch should show, from a decode step and a prefill timed
-  alone and the trace's answer lengths; ``budget_prediction``: whether "the largest max_batch within budget is P"
-  held, from the per-size budget verdicts.
+  alone and the trace's answer lengths; ``budget_side``: within, over or "at the budget" (inside the model's own
+  error of it) for one size; ``budget_prediction``: whether those per-size predictions held, from the measured
+  per-size budget verdicts.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from utils.llm import Engine, KVCache, Request, TinyGPT, summarize
 from utils.llm_serving import forward_positions
 
 __all__ = ["ChunkedEngine", "run_budgeted", "inter_token_gaps", "with_long_prompts", "Int8KVCache",
-           "teacher_forced_logits", "latency_p95", "predicted_tpot_quantile", "budget_prediction"]
+           "teacher_forced_logits", "latency_p95", "predicted_tpot_quantile", "budget_side",
+           "budget_prediction", "WITHIN", "OVER", "AT_BUDGET"]
 
 
 class ChunkedEngine(Engine):
@@ -264,16 +266,38 @@ def predicted_tpot_quantile(lengths: Sequence[int], t_step_ms: float, t_prefill_
     return float(tpot.quantile(q))
 
 
-def budget_prediction(within: dict[int, str], predicted: int) -> str:
-    """Did "the largest max_batch within budget is `predicted`" (0: none) hold? `within[b]` is each size's verdict on
-    its budget (``verdict.HELD``: within it in every round; ``NOT_HELD``: over it in every round; else undecided).
-    Held when the predicted size is within budget and every larger size is not; did not hold when the predicted size
-    is over budget or a larger size is within it; undecided otherwise."""
-    if predicted and predicted not in within:
-        raise ValueError(f"the predicted size {predicted} is not one of the sizes swept, {sorted(within)}")
-    larger = [w for b, w in within.items() if b > predicted]
-    if (predicted and within[predicted] == verdict.NOT_HELD) or verdict.HELD in larger:
+WITHIN, OVER, AT_BUDGET = "within", "over", "at the budget"  # a size's predicted side of a latency budget
+
+
+def budget_side(predicted_ms: float, budget_ms: float, model_range: tuple[float, float]) -> str:
+    """Which side of `budget_ms` a predicted p95 puts a size on, given the model's own error `model_range` (measured /
+    predicted, e.g. (0.8, 1.25)): ``WITHIN`` when even the model's high end stays within the budget, ``OVER`` when even
+    its low end is above it, ``AT_BUDGET`` otherwise (the model cannot tell which side the measurement will fall)."""
+    low, high = model_range
+    if not 0 < low <= 1 <= high or predicted_ms <= 0 or budget_ms <= 0:
+        raise ValueError(f"needs 0 < low <= 1 <= high and positive times; got {model_range}, {predicted_ms}, {budget_ms}")
+    if predicted_ms * high <= budget_ms:
+        return WITHIN
+    if predicted_ms * low > budget_ms:
+        return OVER
+    return AT_BUDGET
+
+
+def budget_prediction(within: dict[int, str], predicted: dict[int, str]) -> str:
+    """Did the per-size prediction of a latency budget hold? `predicted[b]` is ``WITHIN``, ``OVER`` or ``AT_BUDGET``
+    (``budget_side``); `within[b]` is the measured verdict (``verdict.HELD``: within the budget in every round;
+    ``NOT_HELD``: over it in every round; else undecided). Sizes predicted at the budget are not judged: the model
+    said it cannot place them. Did not hold when a size predicted within is over in every round, or one predicted over
+    is within in every round; held when every judged size landed on its predicted side; undecided otherwise (also when
+    no size was judged)."""
+    if set(within) != set(predicted):
+        raise ValueError(f"measured sizes {sorted(within)} and predicted sizes {sorted(predicted)} differ")
+    if any(p not in (WITHIN, OVER, AT_BUDGET) for p in predicted.values()):
+        raise ValueError(f"predicted sides must be {WITHIN!r}, {OVER!r} or {AT_BUDGET!r}, got {predicted}")
+    want = {WITHIN: verdict.HELD, OVER: verdict.NOT_HELD}
+    judged = {b: (want[p], within[b]) for b, p in predicted.items() if p in want}
+    if any(got == {verdict.HELD: verdict.NOT_HELD, verdict.NOT_HELD: verdict.HELD}[w] for w, got in judged.values()):
         return verdict.NOT_HELD
-    if (not predicted or within[predicted] == verdict.HELD) and all(w == verdict.NOT_HELD for w in larger):
+    if judged and all(w == got for w, got in judged.values()):
         return verdict.HELD
     return verdict.UNDECIDED

@@ -118,13 +118,25 @@ def test_predicted_tpot_quantile_is_the_step_without_admissions_and_grows_with_s
         tun.predicted_tpot_quantile([1, 1], 2.0, 5.0, batch=8, mean_new=24)
 
 
+def test_budget_side_is_at_the_budget_inside_the_models_error():
+    assert tun.budget_side(4.0, 6.3, (0.8, 1.25)) == tun.WITHIN  # 5.0 at the high end: inside
+    assert tun.budget_side(8.0, 6.3, (0.8, 1.25)) == tun.OVER  # 6.4 at the low end: still over
+    assert tun.budget_side(5.2, 6.3, (0.8, 1.25)) == tun.AT_BUDGET  # 6.5 at the high end: either side
+    assert tun.budget_side(6.39, 6.3, (0.8, 1.25)) == tun.AT_BUDGET  # 1.4% over: a rounding of the model, not a side
+    with pytest.raises(ValueError):
+        tun.budget_side(5.0, 6.3, (1.1, 1.25))
+
+
+IN, OUT, E = tun.WITHIN, tun.OVER, tun.AT_BUDGET
+
+
 @pytest.mark.parametrize(("within", "predicted", "word"), [
-    ({1: "held", 2: "held", 4: "did not hold"}, 2, "held"),
-    ({1: "held", 2: "held", 4: "held"}, 2, "did not hold"),        # a larger size also fits
-    ({1: "held", 2: "did not hold", 4: "did not hold"}, 2, "did not hold"),  # the predicted size does not fit
-    ({1: "held", 2: "undecided", 4: "did not hold"}, 2, "undecided"),
-    ({1: "did not hold", 2: "did not hold"}, 0, "held"),            # none predicted, none fits
-    ({1: "undecided", 2: "did not hold"}, 0, "undecided"),
+    ({1: "held", 2: "held", 4: "did not hold"}, {1: IN, 2: IN, 4: OUT}, "held"),
+    ({1: "held", 2: "held", 4: "held"}, {1: IN, 2: IN, 4: OUT}, "did not hold"),  # a size predicted over fits
+    ({1: "held", 2: "did not hold", 4: "did not hold"}, {1: IN, 2: IN, 4: OUT}, "did not hold"),  # one predicted within does not
+    ({1: "held", 2: "undecided", 4: "did not hold"}, {1: IN, 2: IN, 4: OUT}, "undecided"),
+    ({1: "did not hold", 2: "undecided", 4: "held"}, {1: OUT, 2: E, 4: E}, "held"),  # sizes at the budget are not judged
+    ({1: "undecided", 2: "did not hold"}, {1: E, 2: E}, "undecided"),  # nothing judged
 ])
-def test_budget_prediction_reads_the_predicted_size_and_every_larger_one(within, predicted, word):
+def test_budget_prediction_judges_each_size_on_its_predicted_side(within, predicted, word):
     assert tun.budget_prediction(within, predicted) == word

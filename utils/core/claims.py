@@ -120,7 +120,8 @@ CLAIMS: tuple[Claim, ...] = (
     Claim(
         "first-inference", "First inference: 10-100x slower than steady state", _004,
         (("01_serving_basics", "first_call_over_steady"),), 10.0, 100.0,
-        explain="first call in a fresh model vs the median of warmed-up calls",
+        explain="first call in a fresh model vs the median of warmed-up calls; the verdict is on lesson 01's "
+        "ResNet-18: a sub-millisecond model can show 100x and more (lesson 08's warm-up proof, on a toy model)",
     ),
     Claim(
         "gpu-speedup", "GPU inference: 10-100x faster (large models)", _004,
