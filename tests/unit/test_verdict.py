@@ -89,3 +89,13 @@ def test_a_ratio_far_below_one_keeps_two_significant_digits():
     assert "0.0066x [0.0051-0.0078" in verdict.prediction_line("bf16 over fp32", tiny, 0.001, 0.05)
     assert "1.34x [1.28-1.41" in verdict.speed_line("x", Ratio(value=1.34, low=1.28, high=1.41, rounds=5), "y")
     assert "(line 1.05x either way)" in verdict.speed_line("bf16 matmul", tiny, "fp32 matmul")
+
+
+def test_within_noise_says_how_large_a_difference_the_interval_leaves_open():
+    crossing = verdict.speed_line("fused", Ratio(1.07, 0.996, 1.156, 5), "unfused")
+    assert verdict.NOISE in crossing and "not ruled out: up to 1.156x faster" in crossing
+    both = verdict.speed_line("x", Ratio(0.93, 0.85, 2.40, 5), "y")
+    assert "up to 2.40x faster or down to 0.85x (slower)" in both
+    inside = verdict.speed_line("x", Ratio(1.01, 0.99, 1.03, 5), "y")
+    assert verdict.NOISE in inside and "not ruled out" not in inside
+    assert "not ruled out" not in verdict.speed_line("x", Ratio(1.3, 1.2, 1.4, 5), "y")

@@ -81,6 +81,17 @@ def speed(ratio: Ratio, threshold: float = DEFAULT_THRESHOLD) -> str:
     return NOISE
 
 
+def _beyond_line(word: str, judged: tuple[float, float] | None, threshold: float, digits: int) -> str:
+    """'within noise' means no difference beyond the line was shown, not that none exists: where the interval reaches
+    past the line, say how large a difference it leaves open."""
+    if word != NOISE or judged is None:
+        return ""
+    open_ = ([f"up to {judged[1]:.{digits}f}x faster"] if judged[1] > threshold else []) \
+        + ([f"down to {judged[0]:.{digits}f}x (slower)"] if judged[0] < 1 / threshold else [])
+    return ("; not ruled out: " + " or ".join(open_) + " (the interval crosses the line: more rounds would decide)"
+            if open_ else "")
+
+
 def speed_line(name: str, ratio: Ratio, baseline: str, threshold: float = DEFAULT_THRESHOLD) -> str:
     """One printed line: '<name> vs <baseline>: 1.34x [1.28-1.41, 5 rounds] -> faster (line 1.05x)'."""
     word = speed(ratio, threshold)
@@ -92,6 +103,7 @@ def speed_line(name: str, ratio: Ratio, baseline: str, threshold: float = DEFAUL
     if word == NOISE and judged and (judged[0] > 1 or judged[1] < 1):  # consistent, but smaller than the line
         side = "faster" if judged[0] > 1 else "slower"
         line += f"; every round {side} than {baseline}, but not every round by more than the line"
+    line += _beyond_line(word, judged, threshold, digits)
     if ratio.caveat:
         line += f"; not like for like: {ratio.caveat}"
     return line
