@@ -107,11 +107,16 @@ REQUIRED_METRICS = {
     "05_triton_under_load": [
         # part 2: the rebuilt deployment checked again, then under load (sections 7-15)
         "dynamic_batching_throughput_gain", "p95_ms_batching", "p95_ms_no_batching", "ensemble_parity_max_abs",
-        "bad_requests_rejected", "healthy_after_bad_requests", "load_requests", "load_requests_failed_or_wrong",
+        "load_requests", "load_requests_failed_or_wrong",
         "bound_to_loopback_only", "mean_batch_size_formed", "batching_gain_upper_bound", "batching_gain_vs_upper_bound",
         "first_request_ms_cold", "first_request_ms_warm", "response_cache_available", "replicas_needed",
         "k8s_manifest_valid", "server_and_stubs_gone",
-        # the same pipeline on TorchServe (section 14, optional: excused in SECTION_METRICS["05.torchserve"])
+    ],
+    "05_triton_vs_torchserve": [
+        # part 3: the server hardened (section 14), then the same pipeline on TorchServe (section 15)
+        "ensemble_parity_max_abs", "bound_to_loopback_only", "bad_requests_rejected", "healthy_after_bad_requests",
+        "chunked_request_killed_server", "serving_after_chunked_request", "server_and_stubs_gone",
+        # TorchServe is optional: excused in SECTION_METRICS["05.torchserve"]
         "torchserve_parity_max_abs", "torchserve_p50_ms", "torchserve_p95_ms", "torchserve_vs_triton_p50",
         "torchserve_stopped_clean",
     ],
@@ -194,8 +199,10 @@ SECTION_METRICS = {
     "04.ort-custom-op": ["custom_op_ort_parity_max_abs"],
     "04.openvino": ["openvino_parity_max_abs"],
     "04.tvm": ["tvm_parity_max_abs", "tvm_build_s", "tvm_vs_ort_speedup"],
-    "05.model-config": [*REQUIRED_METRICS["05_triton_ensemble"], *REQUIRED_METRICS["05_triton_under_load"]],
-    "05.triton": [*REQUIRED_METRICS["05_triton_ensemble"], *REQUIRED_METRICS["05_triton_under_load"]],
+    "05.model-config": [*REQUIRED_METRICS["05_triton_ensemble"], *REQUIRED_METRICS["05_triton_under_load"],
+                        *REQUIRED_METRICS["05_triton_vs_torchserve"]],
+    "05.triton": [*REQUIRED_METRICS["05_triton_ensemble"], *REQUIRED_METRICS["05_triton_under_load"],
+                  *REQUIRED_METRICS["05_triton_vs_torchserve"]],
     "05.k8s-manifest": ["k8s_manifest_valid"],
     "05.torchserve": [
         "torchserve_parity_max_abs", "torchserve_p50_ms", "torchserve_p95_ms", "torchserve_vs_triton_p50",

@@ -21,7 +21,7 @@ from utils.course.run import runtimes_path
 __all__ = ["WORKSHOP_PLAN", "agenda", "update_agenda", "main"]
 
 # Workshop plan: minutes of explanation and of lab work per lesson are planning estimates; the minutes spent running
-# the notebook come from the measured run times (runtime_s) in build/results. Twenty-one parts of about 45 minutes each
+# the notebook come from the measured run times (runtime_s) in build/results. Twenty-two parts of about 45 minutes each
 # do not fit one day: day 2 starts with lesson 05 (WORKSHOP_DAYS).
 WORKSHOP_PLAN: dict[str, tuple[int, int]] = {
     "00_environment": (15, 25),  # lab 00: the bandwidth probe, intensity, the ridge, the elementwise chain
@@ -36,7 +36,8 @@ WORKSHOP_PLAN: dict[str, tuple[int, int]] = {
     "04_quantization": (20, 30),  # part 3 of lesson 04, with its lab (the arithmetic, then calibration)
     "04_sparsity_distillation": (15, 0),  # part 4 of lesson 04: no lab of its own
     "05_triton_ensemble": (10, 20),  # part 1 of lesson 05, with its lab (a config by hand, batching tuned)
-    "05_triton_under_load": (10, 0),  # part 2 of lesson 05: no lab of its own
+    "05_triton_under_load": (8, 0),  # part 2 of lesson 05: no lab of its own
+    "05_triton_vs_torchserve": (8, 0),  # part 3 of lesson 05: hardening and TorchServe, no lab of its own
     "06_fused_softmax": (14, 25),  # part 1 of lesson 06, with its lab (whose Triton task part 2 teaches)
     "06_gpu_kernels_triton": (6, 0),  # part 2 of lesson 06: its Triton task is in lesson 06's lab
     "06_numerics": (15, 0),  # part 3 of lesson 06: no lab of its own

@@ -43,7 +43,7 @@ OPTIONAL_PACKAGES = {
     "tritonclient": "lesson 05", "kubernetes_validate": "05's Kubernetes manifest check",
     "openvino": "04's OpenVINO section", "tvm": "04's Apache TVM section (apache-tvm)",
     "lightning": "03's PyTorch Lightning section",
-    "ts": "05's TorchServe section (torchserve, with torch-model-archiver and Java 11+)",
+    "ts": "05 part 3's TorchServe section (torchserve, with torch-model-archiver and Java 11+)",
 }
 SUPPORTED_PYTHON = ((3, 10), (3, 12))  # the course environment pins 3.11; your own environment may use any of these
 LESSONS = {

@@ -29,6 +29,7 @@ LESSON_TITLES = {
     "04_sparsity_distillation": "Pruning and distillation",
     "05_triton_ensemble": "A Triton ensemble",
     "05_triton_under_load": "Triton under load",
+    "05_triton_vs_torchserve": "Hardening Triton, and TorchServe",
     "06_fused_softmax": "A fused softmax kernel",
     "06_gpu_kernels_triton": "GPU kernels in the Triton language",
     "06_numerics": "Numerics: long sums and batch invariance",
