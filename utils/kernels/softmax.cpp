@@ -146,8 +146,10 @@ void row_three_pass(const T* x, T* y, int64_t n, acc_t<T> m) {  // m = row_max(x
 
 // Short rows go a block at a time (a block = as many rows as fit in 32 KiB, the L1 data cache): first the maxima of
 // every row in the block, a pure streaming read that keeps the memory system busy, then exp and normalise row by row
-// while the block sits in L1/L2. Out of cache this took n <= 4096 from ~75% to ~88% of copy bandwidth on an AVX2
-// EPYC; a row longer than a block is its own block (its max pass streams the whole row first anyway).
+// while the block sits in L1/L2. Blocking was kept because, out of cache, it timed faster than row by row for
+// n <= 4096 when it was written (one AVX2 EPYC); the notebook does not time the row-by-row form, and its section 5
+// measures this kernel's fraction of the copy on your machine. A row longer than a block is its own block (its max
+// pass streams the whole row first anyway).
 template <typename T>
 void three_pass_rows(const T* xp, T* yp, int64_t rows, int64_t n) {
   using A = acc_t<T>;
