@@ -78,6 +78,21 @@ def test_int_matmul_is_exact_and_kernel_form_agrees():
     assert torch.equal(affine.int_matmul(qa, za, qb, zb_nonzero), affine.int_matmul_kernel_form(qa, za, qb, zb_nonzero))
 
 
+def test_int16_pair_overflows_counts_the_pairs_vpmaddubsw_saturates():
+    qa = torch.tensor([[255, 255, 1, 0, 7]], dtype=torch.uint8)  # odd K: the last product has no partner
+    qb = torch.tensor([[127, -128], [127, -128], [127, 127], [127, 127], [127, 127]], dtype=torch.int8)
+    # pairs: 255*127*2 = 64,770 > 32,767 and 255*-128*2 = -65,280 < -32,768 (both saturate); 1*127 + 0 fits
+    assert affine.int16_pair_overflows(qa, qb) == 2
+    assert affine.int16_pair_overflows(qa, torch.clamp(qb, -64, 64)) == 0  # reduce_range's weights: 2*255*64 fits
+    big_a = torch.randint(0, 256, (70, 64), dtype=torch.uint8)
+    big_b = torch.randint(-128, 128, (64, 9), dtype=torch.int8)
+    pairs = big_a[:, 0::2, None].int() * big_b[None, 0::2].int() + big_a[:, 1::2, None].int() * big_b[None, 1::2].int()
+    expected = int(((pairs > 32767) | (pairs < -32768)).sum())
+    assert affine.int16_pair_overflows(big_a, big_b, rows=32) == expected > 0  # counted in blocks of rows: the same
+    with pytest.raises(ValueError, match=r"\[M, K\] x \[K, N\]"):
+        affine.int16_pair_overflows(qa, qb[:4])
+
+
 def test_int_matmul_rejects_bad_input():
     qa, za, qb, zb = _operands()
     with pytest.raises(ValueError, match=r"\[M, K\] x \[K, N\]"):

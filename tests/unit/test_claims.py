@@ -81,6 +81,37 @@ def test_verdicts_follow_the_claimed_ranges():
         assert "no CUDA GPU" in rows[gpu_claim].reason or "needs cuda" in rows[gpu_claim].reason
 
 
+def test_a_comparison_the_lesson_flags_not_like_for_like_yields_to_a_clean_one_or_carries_its_caveat():
+    faults = "eager took 45376 page faults per call that ORT's arena avoids, an estimated 41%-81% of the gap"
+    lesson = {"metrics": {"ort_speedup_vs_eager_bs8": 1.449, "ort_speedup_vs_eager_bs1": 2.038},
+              "intervals": {"ort_speedup_vs_eager_bs8": [1.051, 1.591], "ort_speedup_vs_eager_bs1": [1.852, 2.301]},
+              "units": {"ort_speedup_vs_eager_bs8": "x", "ort_speedup_vs_eager_bs1": "x"},
+              "notes": {"ort_speedup_vs_eager_bs8": f"resnet50; baseline: eager channels_last, page faults included; "
+                                                    f"not like for like: {faults}",
+                        "ort_speedup_vs_eager_bs1": "baseline: eager channels_last"},
+              "anchors": {"ort_speedup_vs_eager_bs8": "2.0x ResNet-50 batch 8"}}
+    row = _by_id(claims.evaluate(_results(**{"04_onnx_tensorrt": lesson})))["onnx-runtime-faster"]
+    # judged on batch 1 (eager takes no page faults there); batch 8 and why it is not judged are in the reason
+    assert row.metric == "ort_speedup_vs_eager_bs1" and row.verdict == "holds" and not row.caveat
+    assert "not on ort_speedup_vs_eager_bs8 = 1.45 x [1.05-1.59]" in row.reason and "41%-81% of the gap" in row.reason
+    assert not any(c.startswith("ort_speedup_vs_eager_bs8") for c in row.context)
+    assert row.anchor == "ort_speedup_vs_eager_bs8: 2.0x ResNet-50 batch 8"  # labelled: it is batch 8's anchor
+    # batch 8 clean: it is the measurement, batch 1 shown beside it
+    clean = {**lesson, "notes": {"ort_speedup_vs_eager_bs8": "baseline: eager channels_last, page faults included"}}
+    row = _by_id(claims.evaluate(_results(**{"04_onnx_tensorrt": clean})))["onnx-runtime-faster"]
+    assert row.metric == "ort_speedup_vs_eager_bs8" and row.verdict == "holds" and "not like for like" not in row.reason
+    assert any(c.startswith("ort_speedup_vs_eager_bs1 = 2.04") for c in row.context)
+    # no clean comparison recorded: the flagged one is judged and the verdict cell carries the caveat
+    only8 = {k: {"ort_speedup_vs_eager_bs8": v["ort_speedup_vs_eager_bs8"]} for k, v in lesson.items()}
+    results = _results(**{"04_onnx_tensorrt": only8})
+    row = _by_id(claims.evaluate(results))["onnx-runtime-faster"]
+    assert row.metric == "ort_speedup_vs_eager_bs8" and row.verdict == "holds" and row.caveat.startswith("eager took")
+    assert row.anchor == "2.0x ResNet-50 batch 8"
+    assert f"not like for like: {faults}" in row.reason
+    line = next(ln for ln in claims.markdown(results).splitlines() if ln.startswith("| ONNX Runtime"))
+    assert "**holds** (not like for like)" in line
+
+
 def test_the_orca_and_vllm_claims_read_the_part_that_serves_them():
     rows = _by_id(claims.evaluate(_results(**{"07_llm_scheduling": {"metrics": {"continuous_vs_static_throughput": 2.1}},
                                               "07_llm_serving": {"metrics": {"paged_serving_throughput_gain": 1.3}}})))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 __all__ = ["qrange", "qparams", "quantize", "dequantize", "int_matmul", "int_matmul_kernel_form", "requantize",
-           "fake_quant"]
+           "int16_pair_overflows", "fake_quant"]
 
 
 def qrange(bits: int, signed: bool = True) -> tuple[int, int]:
@@ -96,6 +96,24 @@ def requantize(acc: torch.Tensor, scale_a, scale_b, scale_out, zero_out, qmin: i
         acc = acc + bias_q.to(torch.int32)
     multiplier = (scale_a * scale_b) / scale_out
     return torch.clamp(torch.round(acc.to(torch.float64) * multiplier) + zero_out, qmin, qmax).to(torch.int32)
+
+
+def int16_pair_overflows(qa: torch.Tensor, qb: torch.Tensor, rows: int = 32) -> int:
+    """How many sums of two adjacent raw products, qa[m,k]·qb[k,n] + qa[m,k+1]·qb[k+1,n] (k even), fall outside int16:
+    the pairs an x86 uint8 x int8 kernel without VNNI (vpmaddubsw) saturates before it widens to int32. Raw integers,
+    as the kernel multiplies them (the zero points are corrected afterwards, int_matmul_kernel_form). qa [M, K]
+    (uint8 codes), qb [K, N] (int8 codes); an odd K's last product has no partner. `rows` of qa at a time bound the
+    memory ([rows, K/2, N] int32)."""
+    if qa.dim() != 2 or qb.dim() != 2 or qa.shape[1] != qb.shape[0]:
+        raise ValueError(f"int16_pair_overflows needs [M, K] x [K, N], got {tuple(qa.shape)} x {tuple(qb.shape)}")
+    k = qa.shape[1] - qa.shape[1] % 2
+    a, b = qa[:, :k].to(torch.int32), qb[:k].to(torch.int32)
+    count = 0
+    for i in range(0, a.shape[0], rows):
+        block = a[i : i + rows]
+        pairs = block[:, 0::2, None] * b[None, 0::2] + block[:, 1::2, None] * b[None, 1::2]
+        count += int(((pairs > 32767) | (pairs < -32768)).sum())
+    return count
 
 
 def fake_quant(x: torch.Tensor, scale, zero_point, qmin: int, qmax: int) -> torch.Tensor:
