@@ -253,9 +253,9 @@ def _evaluate_one(c: Claim, results: dict[str, dict]) -> ClaimResult:
     base = dict(id=c.id, claim=c.claim, source=c.source)
     found, passed_over = _pick(c, results)
     context = []
+    shown_elsewhere = {m for _, m, _ in passed_over} | ({found[1]} if found else set())
     for lesson, metric in c.also:
         data = results.get(lesson, {})
-        shown_elsewhere = {m for _, m, _ in passed_over} | ({found[1]} if found else set())
         if metric in data.get("metrics", {}) and metric not in shown_elsewhere:
             raw = data["metrics"][metric]
             unit = data.get("units", {}).get(metric, "")

@@ -4,6 +4,8 @@
 (mean pooling, L2 normalisation), classifier version 1 (nearest centroid) and version 2 (logistic regression), and the
 encoder exported to ONNX. Every served answer in parts 2 and 3 is compared with `Reference.logits` / `.labels`.
 
+`text_input` and `chunks` are part 1's two small client helpers (section 6 defines them where it first serves the ensemble).
+
 `decision(work)` reads the configuration part 1's sweep chose (its section 6 writes `sweep_decision.json`) and, when
 part 1 has not run, falls back to one encoder instance on every core with no batching knobs, saying so.
 """
@@ -91,3 +93,15 @@ def decision(work: Path) -> tuple[dict, str]:
     chosen = {"winner": {"instances": 1, "threads": cores, "preferred": [], "delay_us": 0}, "tie_band": 0.05}
     return chosen, (f"no decision from part 1 at {path}: using {chosen['winner']} and a 5% tie band (run part 1 to "
                     "choose the configuration by measurement)")
+
+
+def text_input(module, batch: list[str]):
+    """A TEXT InferInput (for tritonclient.http, .grpc or .grpc.aio) holding a batch of sentences (part 1, section 6)."""
+    inp = module.InferInput("TEXT", [len(batch), 1], "BYTES")
+    inp.set_data_from_numpy(np.array([[t.encode()] for t in batch], dtype=object))
+    return inp
+
+
+def chunks(seq, n):
+    """`seq` in consecutive pieces of at most n."""
+    return [seq[i:i + n] for i in range(0, len(seq), n)]
